@@ -1,0 +1,1 @@
+"""LightningModules: one thin adapter per model (loss, optimizer, metrics)."""

@@ -1,0 +1,150 @@
+"""The shared LightningModule: a pure-PyTorch net, its loss and metrics, an optimizer from config.
+
+Subclasses (one per model, in ``drivebench.lit.<model>``) implement four small methods:
+``compute_loss``, ``update_metrics``, ``compute_metrics`` / ``reset_metrics`` and ``batch_size``.
+Everything else (logging keys, optimizer/scheduler wiring, device-side preprocessing, the perf
+marks around the host-to-device copy) lives here once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+from drivebench.perf.spans import SPANS
+
+OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
+
+
+class DriveModule(pl.LightningModule):
+    """Train ``net`` with the loss its subclass defines.
+
+    Args:
+        net: the model (``drivebench.models.create_model(...)``).
+        optimizer: a partial optimizer (Hydra ``_partial_: true``) taking parameter groups.
+        scheduler: optional partial LR scheduler taking the optimizer.
+        scheduler_interval: ``step`` or ``epoch``.
+        no_weight_decay: parameter-name fragments excluded from weight decay (norms, biases,
+            embeddings, as upstream recipes do).
+        device_transform: optional callable run on the batch after it reached the device
+            (GPU JPEG decode, normalisation...); timed as ``gpu_preprocess``.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        optimizer: OptimizerFactory,
+        scheduler: SchedulerFactory | None = None,
+        scheduler_interval: str = "step",
+        no_weight_decay: tuple[str, ...] = (),
+        device_transform: Callable[[Any], Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if scheduler_interval not in ("step", "epoch"):
+            raise ValueError(f"scheduler_interval must be 'step' or 'epoch', got {scheduler_interval!r}")
+        self.net = net
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.scheduler_interval = scheduler_interval
+        self.no_weight_decay = tuple(no_weight_decay)
+        self.device_transform = device_transform
+
+    # ---- subclass contract -------------------------------------------------------------------
+    def compute_loss(self, batch: Any, outputs: Any) -> dict[str, torch.Tensor]:
+        """Return named loss terms; the key ``loss`` is the one that is backpropagated."""
+        raise NotImplementedError
+
+    def update_metrics(self, batch: Any, outputs: Any) -> None:
+        """Accumulate validation metrics for one batch."""
+
+    def compute_metrics(self) -> dict[str, float]:
+        """Return the validation metrics accumulated since the last reset."""
+        return {}
+
+    def reset_metrics(self) -> None:
+        """Clear the validation accumulators."""
+
+    def batch_size(self, batch: Any) -> int:
+        """Number of samples (scenes) in ``batch``."""
+        raise NotImplementedError
+
+    # ---- Lightning hooks ---------------------------------------------------------------------
+    def forward(self, batch: Any) -> Any:
+        return self.net(batch)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        outputs = self(batch)
+        losses = self.compute_loss(batch, outputs)
+        bs = self.batch_size(batch)
+        for name, value in losses.items():
+            self.log(f"train/{name}", value.detach(), on_step=True, on_epoch=False, batch_size=bs,
+                     prog_bar=(name == "loss"))
+        return losses["loss"]
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        outputs = self(batch)
+        losses = self.compute_loss(batch, outputs)
+        bs = self.batch_size(batch)
+        for name, value in losses.items():
+            self.log(f"val/{name}", value.detach(), on_step=False, on_epoch=True, batch_size=bs, sync_dist=True)
+        self.update_metrics(batch, outputs)
+
+    def on_validation_epoch_start(self) -> None:
+        self.reset_metrics()
+
+    def on_validation_epoch_end(self) -> None:
+        for name, value in self.compute_metrics().items():
+            self.log(f"val/{name}", float(value), sync_dist=True)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        SPANS.mark("fetched")
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        with SPANS.span("h2d"):
+            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if self.device_transform is None:
+            return batch
+        with SPANS.span("gpu_preprocess"):
+            return self.device_transform(batch)
+
+    # ---- optimisation ------------------------------------------------------------------------
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """Split trainable parameters into decayed and non-decayed groups."""
+        decay, no_decay = [], []
+        for name, param in self.net.named_parameters():
+            if not param.requires_grad:
+                continue
+            lname = name.lower()
+            if param.ndim <= 1 or any(frag in lname for frag in self.no_weight_decay):
+                no_decay.append(param)
+            else:
+                decay.append(param)
+        groups: list[dict[str, Any]] = [{"params": decay}]
+        if no_decay:
+            groups.append({"params": no_decay, "weight_decay": 0.0})
+        return groups
+
+    def configure_optimizers(self) -> Any:
+        optimizer = self.optimizer_factory(self.parameter_groups())
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}
+
+
+def move_to(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:
+    """Recursively move tensors of a nested batch to ``device`` (for benchmarks outside Lightning)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, Mapping):
+        return {k: move_to(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to(v, device, non_blocking) for v in batch)
+    return batch

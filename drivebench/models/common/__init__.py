@@ -1,0 +1,1 @@
+"""Building blocks shared by the camera models: image backbone + FPN, focal loss."""

@@ -1,0 +1,137 @@
+"""ResNet image backbone (torchvision, random init) and an FPN neck, for multi-camera models.
+
+Why our own thin wrapper: the upstream repos use mmdet's ResNet with ``frozen_stages`` and frozen
+BatchNorm; torchvision's ResNet has the same layers, so we freeze the same parts here. Pretrained
+weights are optional and come from a local file (nothing is downloaded).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import nn
+from torchvision.ops.misc import FrozenBatchNorm2d
+
+_RESNETS = {
+    "resnet18": (torchvision.models.resnet18, (64, 128, 256, 512)),
+    "resnet34": (torchvision.models.resnet34, (64, 128, 256, 512)),
+    "resnet50": (torchvision.models.resnet50, (256, 512, 1024, 2048)),
+    "resnet101": (torchvision.models.resnet101, (256, 512, 1024, 2048)),
+}
+
+
+class ResNetBackbone(nn.Module):
+    """Returns the feature maps of the requested stages (indices 0..3 = C2..C5).
+
+    Args:
+        depth: one of resnet18/34/50/101.
+        out_indices: stages to return, e.g. (3,) for C5 only (MapTR) or (0, 1, 2, 3).
+        frozen_stages: stem + the first ``frozen_stages`` stages get no gradient (-1: none).
+        norm_eval: use frozen BatchNorm (statistics and affine fixed), as upstream configs do.
+        weights: optional path to a torchvision state_dict.
+        width_div: divide channel widths (CPU test sizes); 1 for the real networks.
+    """
+
+    def __init__(
+        self,
+        depth: str = "resnet50",
+        out_indices: Sequence[int] = (0, 1, 2, 3),
+        frozen_stages: int = 1,
+        norm_eval: bool = True,
+        weights: str | None = None,
+        width_div: int = 1,
+    ) -> None:
+        super().__init__()
+        if depth not in _RESNETS:
+            raise ValueError(f"backbone depth={depth!r}; valid choices: {', '.join(_RESNETS)}")
+        ctor, channels = _RESNETS[depth]
+        kwargs = {"norm_layer": FrozenBatchNorm2d} if norm_eval else {}
+        net = ctor(weights=None, **kwargs)
+        if width_div != 1:
+            net = _shrink_resnet(net, width_div)
+            channels = tuple(c // width_div for c in channels)
+        if weights:
+            path = Path(weights)
+            if not path.is_file():
+                raise FileNotFoundError(f"backbone weights file {path} does not exist; set model.backbone_weights=null "
+                                        "to train from random init")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = {k: v for k, v in state.items() if not k.startswith("fc.")}
+            net.load_state_dict(state, strict=False)
+        self.stem = nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool)
+        self.stages = nn.ModuleList([net.layer1, net.layer2, net.layer3, net.layer4])
+        self.out_indices = tuple(out_indices)
+        self.out_channels = tuple(channels[i] for i in self.out_indices)
+        if frozen_stages >= 0:
+            for p in self.stem.parameters():
+                p.requires_grad_(False)
+            for stage in self.stages[:frozen_stages]:
+                for p in stage.parameters():
+                    p.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        x = self.stem(x)
+        outs = []
+        for i, stage in enumerate(self.stages):
+            x = stage(x)
+            if i in self.out_indices:
+                outs.append(x)
+            if i >= max(self.out_indices):
+                break
+        return outs
+
+
+def _shrink_resnet(net: nn.Module, div: int) -> nn.Module:
+    """Rebuild every conv/bn of a torchvision ResNet with 1/div of its channels (test sizes only)."""
+    for name, module in list(net.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, nn.Conv2d):
+                in_c = child.in_channels if child.in_channels == 3 else max(child.in_channels // div, 1)
+                new = nn.Conv2d(in_c, max(child.out_channels // div, 1), child.kernel_size, child.stride,
+                                child.padding, bias=child.bias is not None)
+                setattr(module, child_name, new)
+            elif isinstance(child, (nn.BatchNorm2d, FrozenBatchNorm2d)):
+                setattr(module, child_name, type(child)(max(child.weight.shape[0] // div, 1)))
+    return net
+
+
+class FPN(nn.Module):
+    """Feature pyramid: lateral 1x1 convs, top-down sum, 3x3 output convs; optional extra levels."""
+
+    def __init__(self, in_channels: Sequence[int], out_channels: int = 256, num_outs: int | None = None) -> None:
+        super().__init__()
+        self.lateral = nn.ModuleList([nn.Conv2d(c, out_channels, 1) for c in in_channels])
+        self.output = nn.ModuleList([nn.Conv2d(out_channels, out_channels, 3, padding=1) for _ in in_channels])
+        self.num_outs = num_outs or len(in_channels)
+        self.extra = nn.ModuleList(
+            [nn.Conv2d(out_channels, out_channels, 3, stride=2, padding=1)
+             for _ in range(self.num_outs - len(in_channels))]
+        )
+        self.out_channels = out_channels
+
+    def forward(self, feats: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        lat = [conv(f) for conv, f in zip(self.lateral, feats)]
+        for i in range(len(lat) - 1, 0, -1):
+            lat[i - 1] = lat[i - 1] + F.interpolate(lat[i], size=lat[i - 1].shape[-2:], mode="nearest")
+        outs = [conv(x) for conv, x in zip(self.output, lat)]
+        for conv in self.extra:
+            outs.append(conv(outs[-1]))
+        return outs
+
+
+class MultiViewImageEncoder(nn.Module):
+    """Backbone + FPN over (B, N_cam, 3, H, W) images; returns per level (B, N_cam, C, H_l, W_l)."""
+
+    def __init__(self, backbone: ResNetBackbone, neck: FPN) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.neck = neck
+
+    def forward(self, imgs: torch.Tensor) -> list[torch.Tensor]:
+        b, n = imgs.shape[:2]
+        feats = self.neck(self.backbone(imgs.flatten(0, 1)))
+        return [f.view(b, n, *f.shape[1:]) for f in feats]

@@ -1,0 +1,1 @@
+"""Measurement: where each training step's time goes, and the run summary."""
