@@ -1,0 +1,1 @@
+"""Datasets, synthetic generators and one-time preprocessing shared by the data modules."""

@@ -1,0 +1,1 @@
+"""Argoverse 2 motion forecasting: format constants, real-format loader, synthetic generator, dataset."""
