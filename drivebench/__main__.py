@@ -1,0 +1,20 @@
+"""``python -m drivebench [overrides]``: compose the Hydra config and run the benchmark."""
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from drivebench.cli import pop_local_rank
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def _main(cfg: DictConfig) -> None:
+    from drivebench.app import main
+
+    main(cfg)
+
+
+if __name__ == "__main__":
+    sys.argv = [sys.argv[0], *pop_local_rank(sys.argv[1:])]
+    _main()

@@ -1,0 +1,61 @@
+"""torch.compile per compile unit, with fallback to eager and a record of graph breaks.
+
+A model may expose ``compile_units() -> dict[str, nn.Module]`` naming the parts worth compiling
+(e.g. the image backbone and the heads, leaving out a CPU-side matcher); otherwise the whole net is
+one unit. ``nn.Module.compile`` compiles in place, so parameter names and checkpoints are the same
+as in eager mode. Dynamo's ``suppress_errors`` makes a unit that fails to compile run eagerly
+instead of killing the run; the failure and every graph break are counted for the summary.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import nn
+
+from drivebench.accel.settings import AccelSettings
+
+
+def compile_units(net: nn.Module) -> dict[str, nn.Module]:
+    units = getattr(net, "compile_units", None)
+    if callable(units):
+        return dict(units())
+    return {"net": net}
+
+
+def apply_compile(net: nn.Module, settings: AccelSettings) -> list[str]:
+    """Compile ``net``'s units in place when ``settings.compile``; returns the unit names."""
+    if not settings.compile:
+        return []
+    import torch._dynamo
+
+    torch._dynamo.config.suppress_errors = True
+    names = []
+    for name, module in compile_units(net).items():
+        module.compile(mode=settings.compile_mode, dynamic=settings.compile_dynamic)
+        names.append(name)
+    return names
+
+
+def compile_report() -> dict[str, Any]:
+    """Graph count, graph breaks and their most common reasons, from dynamo's counters."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:  # torch without dynamo
+        return {}
+    breaks = Counter({str(reason): n for reason, n in counters["graph_break"].items()})
+    return {
+        "graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "graph_breaks": int(sum(breaks.values())),
+        "top_break_reasons": [f"{n}x {reason[:200]}" for reason, n in breaks.most_common(5)],
+        "frames_failed": int(counters["frames"].get("failed", 0)) if "frames" in counters else 0,
+    }
+
+
+def to_channels_last(net: nn.Module) -> None:
+    """NHWC memory format for convolutional parts (no-op for models without 4-D conv weights)."""
+    for module in net.modules():
+        if isinstance(module, nn.Conv2d):
+            module.to(memory_format=torch.channels_last)

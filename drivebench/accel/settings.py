@@ -1,0 +1,148 @@
+"""The accel knobs, resolved against the machine and checked before anything runs.
+
+``conf/accel/*.yaml`` are bundles of these fields; ``auto`` values are resolved here, once, so
+that the summary records what actually ran (``num_workers: 15``, not ``auto``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+import torch
+
+from drivebench.errors import ConfigError, bad_choice
+from drivebench.perf.machine import MachineInfo
+
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "auto-bf16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+MAX_LOADER_WORKERS = 16
+
+
+@dataclass
+class AccelSettings:
+    """One resolved accel preset (see conf/accel/none.yaml for what each knob does)."""
+
+    name: str
+    preprocess_workers: int
+    shm_cache: bool
+    shm_cache_max_gb: float
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    compile: bool
+    compile_mode: str
+    compile_dynamic: bool | None
+    precision: str
+    tf32: bool
+    cudnn_benchmark: bool
+    channels_last: bool
+    device_transform: bool
+
+    @classmethod
+    def resolve(cls, cfg: Mapping[str, Any], machine: MachineInfo) -> "AccelSettings":
+        """Resolve ``auto`` values for ``machine`` and validate every field (ConfigError on bad input)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise ConfigError(f"accel.{unknown[0]} is not an accel knob; valid knobs: {', '.join(sorted(known))}")
+        missing = sorted(known - set(cfg))
+        if missing:
+            raise ConfigError(f"accel.{missing[0]} is missing from the accel preset {cfg.get('name')!r}")
+        on_gpu = machine.accelerator == "cuda"
+        cores = machine.cores_per_device
+
+        def count(key: str, auto: int) -> int:
+            value = cfg[key]
+            if value == "auto":
+                return auto
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"accel.{key}={value!r} is not valid; use a whole number >= 0 or 'auto'")
+            return value
+
+        def flag(key: str, auto: bool) -> bool:
+            value = cfg[key]
+            if value == "auto":
+                return auto
+            if not isinstance(value, bool):
+                raise ConfigError(f"accel.{key}={value!r} is not valid; use true, false or 'auto'")
+            return value
+
+        loader_auto = min(cores, MAX_LOADER_WORKERS) if on_gpu else max(machine.cpu_cores // 2, 1)
+        num_workers = count("num_workers", loader_auto)
+        prefetch = cfg["prefetch_factor"]
+        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1):
+            raise ConfigError(f"accel.prefetch_factor={prefetch!r} is not valid; use a whole number >= 1 or null")
+        precision = str(cfg["precision"])
+        if precision not in PRECISIONS:
+            raise bad_choice("accel.precision", precision, PRECISIONS)
+        if precision == "auto-bf16":
+            precision = "bf16-mixed" if (on_gpu and machine.bf16_supported) else "32-true"
+        if precision in ("16-mixed", "bf16-true") and not on_gpu:
+            raise ConfigError(f"accel.precision={precision} needs a GPU; this machine runs on the CPU (use 32-true)")
+        mode = str(cfg["compile_mode"])
+        if mode not in COMPILE_MODES:
+            raise bad_choice("accel.compile_mode", mode, COMPILE_MODES)
+        dynamic = cfg["compile_dynamic"]
+        if dynamic not in (None, True, False):
+            raise ConfigError(f"accel.compile_dynamic={dynamic!r} is not valid; use true, false or null")
+        shm_max = cfg["shm_cache_max_gb"]
+        if shm_max == "auto":
+            shm_max = 0.8 * (machine.shm_free_gb or 0.0)
+        elif isinstance(shm_max, bool) or not isinstance(shm_max, (int, float)) or shm_max < 0:
+            raise ConfigError(f"accel.shm_cache_max_gb={shm_max!r} is not valid; use a size in GB or 'auto'")
+        persistent = flag("persistent_workers", num_workers > 0)
+        if num_workers == 0:
+            persistent, prefetch = False, None  # torch rejects these without workers: a no-op here
+        return cls(
+            name=str(cfg["name"]),
+            preprocess_workers=count("preprocess_workers", machine.cpu_cores),
+            shm_cache=flag("shm_cache", True),
+            shm_cache_max_gb=float(shm_max),
+            num_workers=num_workers,
+            pin_memory=flag("pin_memory", on_gpu) and on_gpu,
+            persistent_workers=persistent,
+            prefetch_factor=prefetch,
+            compile=flag("compile", on_gpu),
+            compile_mode=mode,
+            compile_dynamic=dynamic,
+            precision=precision,
+            tf32=flag("tf32", on_gpu) and on_gpu,
+            cudnn_benchmark=flag("cudnn_benchmark", on_gpu) and on_gpu,
+            channels_last=flag("channels_last", on_gpu),
+            device_transform=flag("device_transform", on_gpu),
+        )
+
+    def numerics_changes(self) -> list[str]:
+        """Knobs in effect that change the arithmetic (not only where/when work happens)."""
+        changes = []
+        if self.precision != "32-true":
+            changes.append(f"precision={self.precision}")
+        if self.tf32:
+            changes.append("tf32")
+        if self.compile:
+            changes.append("compile")
+        if self.cudnn_benchmark:
+            changes.append("cudnn_benchmark")
+        return changes
+
+    def apply_global_flags(self) -> None:
+        """Process-wide torch switches (matmul precision, cuDNN autotuning)."""
+        torch.set_float32_matmul_precision("high" if self.tf32 else "highest")
+        torch.backends.cudnn.allow_tf32 = self.tf32
+        torch.backends.cudnn.benchmark = self.cudnn_benchmark
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``torch.utils.data.DataLoader``."""
+        kwargs: dict[str, Any] = {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+        }
+        if self.num_workers > 0 and self.prefetch_factor is not None:
+            kwargs["prefetch_factor"] = self.prefetch_factor
+        return kwargs
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

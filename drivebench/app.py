@@ -1,0 +1,126 @@
+"""Compose a run from the resolved config: machine, accel knobs, data, model, logger, callbacks.
+
+The entry point (``__main__``) only calls :func:`main`; benchmarks (``drivebench.bench``) receive
+the assembled :class:`Run` and decide what to execute. Every bad value is caught here, before any
+data is generated or any step is taken.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from drivebench.accel.compile import apply_compile, to_channels_last
+from drivebench.accel.settings import AccelSettings
+from drivebench.data.datamodule import DriveDataModule
+from drivebench.errors import ConfigError
+from drivebench.lit.base import DriveModule
+from drivebench.models.registry import get_spec
+from drivebench.perf.machine import MachineInfo, detect_machine
+
+log = logging.getLogger("drivebench")
+
+
+@dataclass
+class Run:
+    """Everything one run needs, built once."""
+
+    cfg: DictConfig
+    machine: MachineInfo
+    accel: AccelSettings
+    output_dir: Path
+    datamodule: DriveDataModule
+    module: DriveModule
+    compiled_units: list[str]
+    started: float = field(default_factory=time.time)
+
+    def logger(self) -> Any:
+        return instantiate(self.cfg.logger) if self.cfg.get("logger") else False
+
+    def trainer_kwargs(self) -> dict[str, Any]:
+        """Lightning Trainer arguments shared by every phase (device, precision, strategy)."""
+        dist = self.cfg.dist
+        accelerator = "gpu" if self.machine.accelerator == "cuda" else "cpu"
+        devices: Any = dist.devices
+        if devices == "auto":
+            devices = len(self.machine.gpus) if self.machine.gpus else 1
+        return {
+            "accelerator": accelerator,
+            "devices": devices,
+            "num_nodes": dist.num_nodes,
+            "strategy": dist.strategy,
+            "precision": self.accel.precision,
+            "benchmark": self.accel.cudnn_benchmark,
+            "default_root_dir": str(self.output_dir),
+            "num_sanity_val_steps": 0,
+            "enable_model_summary": False,
+        }
+
+
+def _check_positive(cfg: DictConfig, key: str) -> None:
+    value = OmegaConf.select(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{key}={value!r} is not valid; use a whole number >= 1")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Checks that need no machine: names, sizes, counts."""
+    try:
+        get_spec(cfg.model.name).kwargs_for(cfg.model.size)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    _check_positive(cfg, "model.batch_size")
+    _check_positive(cfg, "model.val_batch_size")
+    if not isinstance(cfg.seed, int):
+        raise ConfigError(f"seed={cfg.seed!r} is not valid; use a whole number")
+
+
+def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
+    validate(cfg)
+    machine = detect_machine(cfg.machine.accelerator)
+    accel = AccelSettings.resolve(OmegaConf.to_container(cfg.accel, resolve=True), machine)
+    accel.apply_global_flags()
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+
+    source = instantiate(cfg.data.source)
+    transform = instantiate(cfg.model.transform) if cfg.model.get("transform") else None
+    collate = instantiate(cfg.model.collate) if cfg.model.get("collate") else None
+    datamodule = DriveDataModule(
+        source=source, transform=transform, collate_fn=collate, batch_size=cfg.model.batch_size,
+        val_batch_size=cfg.model.val_batch_size, accel=accel, seed=cfg.seed,
+        train_split=cfg.data.train_split, val_split=cfg.data.val_split, progress=progress,
+    )
+    net = instantiate(cfg.model.net)
+    if accel.channels_last:
+        to_channels_last(net)
+    compiled = apply_compile(net, accel)
+    scheduler = instantiate(cfg.model.scheduler) if cfg.model.get("scheduler") else None
+    module = instantiate(cfg.model.module)(
+        net=net, optimizer=instantiate(cfg.model.optimizer), scheduler=scheduler,
+        scheduler_interval=cfg.model.get("scheduler_interval", "step"),
+    )
+    return Run(cfg=cfg, machine=machine, accel=accel, output_dir=output_dir, datamodule=datamodule,
+               module=module, compiled_units=compiled)
+
+
+def main(cfg: DictConfig) -> dict[str, Any]:
+    """Build the run, execute the configured benchmark, return its summary."""
+    from hydra.core.hydra_config import HydraConfig
+
+    output_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(cfg.paths.output_dir)
+    try:
+        run = build_run(cfg, output_dir)
+        bench = instantiate(cfg.bench)
+        return bench.run(run)
+    except ConfigError as err:
+        print(f"drivebench: error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,254 @@
+"""The three benchmarks. Each measures phases with the same clock and writes one ``summary.json``.
+
+* :class:`TrainBench` (``bench=train``): bounded training, every step timed; validation at the end;
+  then the ceiling (the same model on one device-resident batch) and efficiency = train / ceiling.
+* :class:`CeilingBench` (``bench=ceiling``): only the ceiling.
+* :class:`LoaderBench` (``bench=loader``): only the data pipeline, no model.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import sys
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from drivebench.accel.compile import compile_report
+from drivebench.app import Run
+from drivebench.errors import ConfigError
+from drivebench.perf.callback import StepTimer
+from drivebench.perf.ceiling import ResidentBatch, ResidentBatchLoader
+from drivebench.perf.machine import filesystem_of
+from drivebench.perf.stats import describe
+from drivebench.perf.summary import SCHEMA_VERSION, loss_summary, phase_stats, render_table, write_summary
+from drivebench.perf.system import SystemMonitor
+
+log = logging.getLogger("drivebench")
+
+
+def _resolve_count(value: Any, gpu_default: int, cpu_default: int, key: str, on_gpu: bool) -> int:
+    """``auto`` -> the machine's default; otherwise a whole number >= 0 (ConfigError if not)."""
+    if value == "auto":
+        return gpu_default if on_gpu else cpu_default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{key}={value!r} is not valid; use a whole number >= 0 or 'auto'")
+    return value
+
+
+class TrainBench:
+    """Args (conf/bench/train.yaml documents each): mode, warmup_steps, steps, max_minutes,
+    val_batches, ceiling, ceiling_warmup_steps, ceiling_steps, sync_each_step, log_every_n_steps."""
+
+    runs_training = True
+    runs_ceiling = True
+    runs_loader = False
+
+    def __init__(self, mode: str = "train", warmup_steps: int = 10, steps: Any = "auto",
+                 max_minutes: float | None = None, val_batches: int = 20, ceiling: bool = True,
+                 ceiling_warmup_steps: int = 5, ceiling_steps: Any = "auto", loader_batches: Any = "auto",
+                 sync_each_step: bool = False, log_every_n_steps: int = 1) -> None:
+        self.mode = mode
+        self.warmup_steps = warmup_steps
+        self.steps = steps
+        self.max_minutes = max_minutes
+        self.val_batches = val_batches
+        self.ceiling = ceiling
+        self.ceiling_warmup_steps = ceiling_warmup_steps
+        self.ceiling_steps = ceiling_steps
+        self.loader_batches = loader_batches
+        self.sync_each_step = sync_each_step
+        self.log_every_n_steps = log_every_n_steps
+
+    # ---- entry -------------------------------------------------------------------------------
+    def run(self, run: Run) -> dict[str, Any]:
+        on_gpu = run.machine.accelerator == "cuda"
+        self.steps = _resolve_count(self.steps, 300, 30, "bench.steps", on_gpu)
+        self.ceiling_steps = _resolve_count(self.ceiling_steps, 50, 10, "bench.ceiling_steps", on_gpu)
+        self.loader_batches = _resolve_count(self.loader_batches, 200, 30, "bench.loader_batches", on_gpu)
+        self.warmup_steps = _resolve_count(self.warmup_steps, 0, 0, "bench.warmup_steps", on_gpu)
+        summary = self._base_summary(run)
+        monitor = SystemMonitor(torch.cuda.current_device() if on_gpu else None)
+        logger = run.logger()
+        dm = run.datamodule
+        t0 = time.perf_counter()
+        dm.prepare_data()
+        dm.setup("fit")
+        summary["data"] = run.datamodule.source.describe()
+        summary["data"]["prepare_s"] = time.perf_counter() - t0
+        summary["data"]["train_samples"] = len(dm.train_set)
+        summary["data"]["val_samples"] = len(dm.val_set)
+        try:
+            if self.runs_loader:
+                summary["loader"] = self._loader_phase(run)
+            if self.runs_training:
+                self._train_phase(run, logger, monitor, summary)
+            if self.runs_ceiling and (self.ceiling or not self.runs_training):
+                self._ceiling_phase(run, logger, monitor, summary)
+        finally:
+            monitor.stop()
+        summary["data"]["shm_cache"] = dm.cache_stats()
+        train, ceiling = summary.get("train") or {}, summary.get("ceiling") or {}
+        if train.get("samples_per_s") and ceiling.get("samples_per_s"):
+            summary["efficiency"] = train["samples_per_s"] / ceiling["samples_per_s"]
+        if run.compiled_units:
+            summary["settings"]["compile_report"] = compile_report()
+        summary["run"]["finished"] = dt.datetime.now().isoformat(timespec="seconds")
+        summary["run"]["wall_s"] = time.time() - run.started
+        summary["run"]["status"] = "completed"
+        path = write_summary(run.output_dir / "summary.json", summary)
+        summary["paths"]["summary"] = str(path)
+        if logger:
+            logger.finalize("success")
+        print(render_table(summary), flush=True)
+        return summary
+
+    # ---- phases ------------------------------------------------------------------------------
+    def _train_phase(self, run: Run, logger: Any, monitor: SystemMonitor, summary: dict[str, Any]) -> None:
+        cfg = run.cfg
+        timer = StepTimer("perf", self.warmup_steps, self.sync_each_step, self.log_every_n_steps, monitor)
+        callbacks: list[pl.Callback] = [timer]
+        ckpt = instantiate(cfg.ckpt.callback) if cfg.ckpt.get("callback") else None
+        if ckpt is not None:
+            callbacks.append(ckpt)
+        max_steps = cfg.trainer.max_steps
+        if max_steps is None:
+            max_steps = self.warmup_steps + self.steps
+        validate_during_fit = cfg.trainer.check_val_every_n_epoch is not None or cfg.trainer.val_check_interval
+        trainer = pl.Trainer(
+            **run.trainer_kwargs(), logger=logger, callbacks=callbacks, max_steps=max_steps,
+            max_epochs=cfg.trainer.max_epochs,
+            max_time=dt.timedelta(minutes=self.max_minutes) if self.max_minutes else None,
+            limit_val_batches=(self.val_batches or 0) if validate_during_fit else 0,
+            check_val_every_n_epoch=cfg.trainer.check_val_every_n_epoch,
+            val_check_interval=cfg.trainer.val_check_interval,
+            log_every_n_steps=cfg.trainer.log_every_n_steps, gradient_clip_val=cfg.trainer.gradient_clip_val,
+            accumulate_grad_batches=cfg.trainer.accumulate_grad_batches, deterministic=cfg.trainer.deterministic,
+            enable_checkpointing=False,
+        )
+        if torch.cuda.is_available() and run.machine.accelerator == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        trainer.fit(run.module, datamodule=run.datamodule)
+        summary["train"] = phase_stats(timer.times, monitor)
+        summary["loss"] = loss_summary(timer.times.records)
+        if run.machine.accelerator == "cuda":
+            summary["memory"]["peak_device_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            summary["memory"]["peak_device_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
+        if ckpt is not None:
+            summary["checkpoints"] = ckpt.summary()
+        if self.val_batches:
+            summary["val"] = self._validate(run, logger)
+
+    def _validate(self, run: Run, logger: Any) -> dict[str, float]:
+        trainer = pl.Trainer(**run.trainer_kwargs(), logger=logger, limit_val_batches=self.val_batches,
+                             enable_checkpointing=False, enable_progress_bar=False)
+        results = trainer.validate(run.module, datamodule=run.datamodule, verbose=False)
+        metrics = results[0] if results else {}
+        return {k.removeprefix("val/"): float(v) for k, v in metrics.items()}
+
+    def _ceiling_phase(self, run: Run, logger: Any, monitor: SystemMonitor, summary: dict[str, Any]) -> None:
+        loader = run.datamodule.train_dataloader()
+        batch = next(iter(loader))
+        steps = self.ceiling_warmup_steps + self.ceiling_steps
+        timer = StepTimer("ceiling", self.ceiling_warmup_steps, self.sync_each_step, self.log_every_n_steps, monitor)
+        trainer = pl.Trainer(
+            **run.trainer_kwargs(), logger=logger, callbacks=[timer], max_steps=steps, max_epochs=-1,
+            limit_val_batches=0, enable_checkpointing=False, log_every_n_steps=run.cfg.trainer.log_every_n_steps,
+        )
+        trainer.fit(run.module, train_dataloaders=ResidentBatchLoader(ResidentBatch(batch), steps))
+        summary["ceiling"] = phase_stats(timer.times, monitor)
+
+    def _loader_phase(self, run: Run) -> dict[str, Any]:
+        dm = run.datamodule
+        module = run.module
+        device = torch.device("cuda", torch.cuda.current_device()) if run.machine.accelerator == "cuda" else None
+        loader = dm.train_dataloader()
+        iterator = iter(loader)
+        warm = self.warmup_steps
+        times, sizes = [], []
+        t_prev = time.perf_counter()
+        for i in range(warm + self.loader_batches):
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                iterator = iter(loader)
+                batch = next(iterator)
+            if device is not None:
+                from drivebench.lit.base import move_to
+
+                batch = move_to(batch, device)
+                if module.device_transform is not None:
+                    batch = module.device_transform(batch)
+                torch.cuda.synchronize()
+            t_now = time.perf_counter()
+            if i >= warm:
+                times.append(t_now - t_prev)
+                sizes.append(module.batch_size(batch))
+            t_prev = t_now
+        total = sum(times)
+        return {
+            "batches_measured": len(times),
+            "warmup_batches": warm,
+            "batch_s": describe(times),
+            "samples_per_s": sum(sizes) / total if total > 0 else math.nan,
+            "includes_device_transfer": device is not None,
+        }
+
+    # ---- summary head ------------------------------------------------------------------------
+    def _base_summary(self, run: Run) -> dict[str, Any]:
+        cfg = run.cfg
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "run": {
+                "model": cfg.model.name, "model_size": cfg.model.size, "data": cfg.data.name,
+                "accel": cfg.accel.name, "bench": self.mode, "dist": cfg.dist.name,
+                "machine_profile": cfg.machine.name, "seed": cfg.seed,
+                "started": dt.datetime.fromtimestamp(run.started).isoformat(timespec="seconds"),
+                "command": " ".join(sys.argv),
+                "status": "running",
+                "output_dir": str(run.output_dir),
+            },
+            "machine": {**run.machine.to_dict(), "run_dir_filesystem": filesystem_of(run.output_dir)},
+            "settings": {
+                "accel": run.accel.to_dict(),
+                "numerics_changed_by": run.accel.numerics_changes(),
+                "compiled_units": run.compiled_units,
+                "batch_size": cfg.model.batch_size,
+                "global_batch_size": cfg.model.batch_size * _world(run),
+                "warmup_steps": self.warmup_steps,
+                "steps": self.steps,
+                "sync_each_step": self.sync_each_step,
+                "parameters": sum(p.numel() for p in run.module.net.parameters()),
+                "trainable_parameters": sum(p.numel() for p in run.module.net.parameters() if p.requires_grad),
+            },
+            "memory": {},
+            "config": OmegaConf.to_container(cfg, resolve=True),
+            "paths": {"output_dir": str(run.output_dir)},
+        }
+
+
+def _world(run: Run) -> int:
+    kwargs = run.trainer_kwargs()
+    devices = kwargs["devices"]
+    return (devices if isinstance(devices, int) else len(devices)) * int(kwargs["num_nodes"])
+
+
+class CeilingBench(TrainBench):
+    """Only the ceiling phase."""
+
+    runs_training = False
+    runs_ceiling = True
+
+
+class LoaderBench(TrainBench):
+    """Only the loader: batches/s of the data pipeline (incl. the copy to the device on GPUs)."""
+
+    runs_training = False
+    runs_ceiling = False
+    runs_loader = True

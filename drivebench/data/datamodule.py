@@ -1,0 +1,138 @@
+"""One LightningDataModule for every model: a data source, the model's transform and collate, and
+the loader knobs of the accel preset.
+
+Why generic: what differs between models is the per-sample transform and the collate (given by
+the model config) and the dataset (given by the data config); the loader knobs, the seeded sample
+order and the shared-memory cache are the same mechanism everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Protocol
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from drivebench.accel.settings import AccelSettings
+from drivebench.accel.shm_cache import CacheDoesNotFit, SharedSampleCache
+
+log = logging.getLogger(__name__)
+
+
+class DataSource(Protocol):
+    """What a dataset family provides (``drivebench.data.sources``)."""
+
+    name: str
+
+    def prepare(self, workers: int, progress: bool) -> None:
+        """Make the data exist on disk (generate the embedded set) and run one-time preprocessing."""
+
+    def dataset(self, split: str, transform: Callable[[Any], Any] | None, workers: int, progress: bool) -> Dataset:
+        """The torch Dataset of one split, with ``transform`` applied per sample."""
+
+    def describe(self) -> dict[str, Any]:
+        """Root, size, counts, preprocessing stats: for the run summary."""
+
+
+def _seed_worker(worker_id: int) -> None:
+    # numpy's global RNG is otherwise identical in every forked worker; per-sample randomness in
+    # our datasets comes from (seed, epoch, index) and never from these global states
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+
+
+class DriveDataModule(pl.LightningDataModule):
+    """Args:
+        source: the data source (see :class:`DataSource`).
+        transform: per-sample model transform (runs in the loader workers).
+        collate_fn: the model's batch collation.
+        batch_size / val_batch_size: per device.
+        accel: resolved accel knobs (loader kwargs, shared-memory cache, preprocessing pool).
+        seed: seeds the training sample order (so it is the same for any num_workers).
+        train_split / val_split: split names of the source.
+        progress: show progress bars for generation, preprocessing and caching.
+    """
+
+    def __init__(
+        self,
+        source: DataSource,
+        transform: Callable[[Any], Any] | None,
+        collate_fn: Callable[[list[Any]], Any] | None,
+        batch_size: int,
+        val_batch_size: int,
+        accel: AccelSettings,
+        seed: int = 0,
+        train_split: str = "train",
+        val_split: str = "val",
+        progress: bool = True,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.transform = transform
+        self.collate_fn = collate_fn
+        self.batch_size = batch_size
+        self.val_batch_size = val_batch_size
+        self.accel = accel
+        self.seed = seed
+        self.train_split = train_split
+        self.val_split = val_split
+        self.progress = progress
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.cache_info: dict[str, Any] = {"enabled": accel.shm_cache}
+
+    def prepare_data(self) -> None:
+        self.source.prepare(workers=self.accel.preprocess_workers, progress=self.progress)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is None:
+            self.train_set = self._build(self.train_split)
+        if self.val_set is None:
+            self.val_set = self._build(self.val_split, cache=False)
+
+    def _build(self, split: str, cache: bool = True) -> Dataset:
+        dataset = self.source.dataset(split, self.transform, workers=self.accel.preprocess_workers,
+                                      progress=self.progress)
+        if not (cache and self.accel.shm_cache):
+            return dataset
+        try:
+            cached = SharedSampleCache(dataset, self.accel.shm_cache_max_gb * 2**30, progress=self.progress,
+                                       desc=f"shm cache ({split})")
+        except CacheDoesNotFit as err:
+            log.warning("shared-memory cache disabled: %s", err)
+            self.cache_info.update(enabled=False, reason=str(err))
+            return dataset
+        self.cache_info["cache"] = cached
+        return cached
+
+    def cache_stats(self) -> dict[str, Any]:
+        info = {k: v for k, v in self.cache_info.items() if k != "cache"}
+        cache = self.cache_info.get("cache")
+        if cache is not None:
+            info.update(cache.stats().to_dict())
+        return info
+
+    def train_dataloader(self) -> DataLoader:
+        assert self.train_set is not None, "setup() first"
+        generator = torch.Generator().manual_seed(self.seed)
+        return DataLoader(
+            self.train_set,
+            batch_size=self.batch_size,
+            shuffle=True,
+            drop_last=True,
+            collate_fn=self.collate_fn,
+            generator=generator,
+            worker_init_fn=_seed_worker,
+            **self.accel.loader_kwargs(),
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        assert self.val_set is not None, "setup() first"
+        kwargs = self.accel.loader_kwargs()
+        kwargs["persistent_workers"] = False  # validation runs once at the end of a benchmark
+        kwargs.pop("prefetch_factor", None)
+        return DataLoader(self.val_set, batch_size=self.val_batch_size, shuffle=False, drop_last=False,
+                          collate_fn=self.collate_fn, **kwargs)

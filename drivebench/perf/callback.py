@@ -1,0 +1,239 @@
+"""The Lightning callback that times every training step and splits it into where the time went.
+
+Per step (host clock, ``time.perf_counter``):
+
+    ... previous batch end | data wait | h2d | gpu preprocess | compute (fwd+bwd+opt) | batch end
+                           ^ next() on the loader returns      ^ on_train_batch_start
+
+* data wait: from the end of the previous step until the loader handed over the next batch,
+  minus checkpoint time spent in between (that is reported on its own);
+* h2d / gpu_preprocess: host time of the copy to the device and of device-side preprocessing;
+* compute: host time from ``on_train_batch_start`` to ``on_train_batch_end``.
+
+On CUDA, the same spans are also timed with CUDA events on the device (``device_*``), read back
+lazily (``Event.query``) so that measuring never adds a host-device synchronisation unless
+``sync_each_step`` asks for one. Warm-up steps are recorded but flagged, and excluded from every
+statistic. Validation time is cut out of the step clock (as Lightning's ThroughputMonitor does).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+
+from drivebench.perf.spans import SPANS
+from drivebench.perf.system import SystemMonitor
+
+
+@dataclass
+class StepRecord:
+    """Timings of one optimizer step, in seconds."""
+
+    step: int
+    warmup: bool
+    samples: int
+    step_s: float
+    data_wait_s: float
+    h2d_s: float
+    gpu_preprocess_s: float
+    compute_s: float
+    ckpt_s: float = 0.0
+    loss: float | None = None
+    device_compute_s: float | None = None
+    device_h2d_s: float | None = None
+
+
+@dataclass
+class PhaseTimes:
+    """All step records of one phase (``train`` or ``ceiling``) plus its losses."""
+
+    name: str
+    records: list[StepRecord] = field(default_factory=list)
+    started: float | None = None
+    ended: float | None = None
+    measured_started: float | None = None
+
+    def measured(self) -> list[StepRecord]:
+        return [r for r in self.records if not r.warmup]
+
+
+class StepTimer(pl.Callback):
+    """Record a :class:`StepRecord` per training step and log ``perf/*`` scalars to the logger.
+
+    Args:
+        phase: name used as the TensorBoard prefix (``perf`` for training, ``ceiling`` for the
+            ceiling phase) and in the summary.
+        warmup_steps: the first steps, flagged and excluded from statistics.
+        sync_each_step: synchronise the device at every step end (exact attribution, at the cost of
+            the overlap between consecutive steps); off by default.
+        log_every_n_steps: how often per-step scalars go to the logger.
+        monitor: optional :class:`SystemMonitor` whose latest sample is logged alongside.
+    """
+
+    def __init__(
+        self,
+        phase: str = "perf",
+        warmup_steps: int = 10,
+        sync_each_step: bool = False,
+        log_every_n_steps: int = 1,
+        monitor: SystemMonitor | None = None,
+    ) -> None:
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        if log_every_n_steps < 1:
+            raise ValueError(f"log_every_n_steps must be >= 1, got {log_every_n_steps}")
+        self.phase = phase
+        self.warmup_steps = warmup_steps
+        self.sync_each_step = sync_each_step
+        self.log_every_n_steps = log_every_n_steps
+        self.monitor = monitor
+        self.times = PhaseTimes(phase)
+        self._use_cuda = False
+        self._t_prev_end = 0.0
+        self._t_batch_start = 0.0
+        self._t_val_start: float | None = None
+        self._step_events: torch.cuda.Event | None = None
+        self._pending: list[tuple[StepRecord, torch.cuda.Event, torch.cuda.Event, tuple | None, Any]] = []
+        self._n_steps = 0
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._use_cuda = pl_module.device.type == "cuda"
+        SPANS.enabled = True
+        SPANS.use_cuda_events = self._use_cuda
+        SPANS.pop()
+        if self.monitor is not None:
+            self.monitor.start()
+        now = time.perf_counter()
+        self.times.started = now
+        self._t_prev_end = now
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._use_cuda:
+            torch.cuda.synchronize()
+        self._harvest(block=True)
+        self.times.ended = time.perf_counter()
+        SPANS.enabled = False
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        self._t_val_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._t_val_start is not None:
+            self._t_prev_end += time.perf_counter() - self._t_val_start
+            self._t_val_start = None
+
+    # ---- per step ----------------------------------------------------------------------------
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._t_batch_start = time.perf_counter()
+        if self._use_cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._step_events = start
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        loss_host = None
+        if isinstance(loss, torch.Tensor):
+            # an asynchronous copy: its value is read once the step's end event has completed
+            loss_host = loss.detach().float().to("cpu", non_blocking=True)
+        end_event = None
+        if self._use_cuda:
+            end_event = torch.cuda.Event(enable_timing=True)
+            end_event.record()
+            if self.sync_each_step:
+                end_event.synchronize()
+        t_end = time.perf_counter()
+        marks, durations, cuda_spans = SPANS.pop()
+        fetched = marks.get("fetched", self._t_batch_start)
+        ckpt = durations.get("ckpt", 0.0)
+        record = StepRecord(
+            step=self._n_steps,
+            warmup=self._n_steps < self.warmup_steps,
+            samples=_batch_size(pl_module, batch),
+            step_s=t_end - self._t_prev_end,
+            data_wait_s=max(fetched - self._t_prev_end - ckpt, 0.0),
+            h2d_s=durations.get("h2d", 0.0),
+            gpu_preprocess_s=durations.get("gpu_preprocess", 0.0),
+            compute_s=t_end - self._t_batch_start,
+            ckpt_s=ckpt,
+        )
+        if self._n_steps == self.warmup_steps:
+            self.times.measured_started = self._t_prev_end
+        self._n_steps += 1
+        self.times.records.append(record)
+        if end_event is not None and self._step_events is not None:
+            self._pending.append((record, self._step_events, end_event, cuda_spans.get("h2d"), loss_host))
+            self._harvest(block=False)
+        elif loss_host is not None:
+            record.loss = float(loss_host)
+        self._t_prev_end = t_end
+        if record.step % self.log_every_n_steps == 0:
+            self._log(trainer, record)
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def _harvest(self, block: bool) -> None:
+        """Read back CUDA event timings of finished steps (never waits unless ``block``)."""
+        still = []
+        for item in self._pending:
+            record, start, end, h2d, loss_host = item
+            if block or end.query():
+                record.device_compute_s = start.elapsed_time(end) / 1e3
+                if h2d is not None:
+                    record.device_h2d_s = h2d[0].elapsed_time(h2d[1]) / 1e3
+                if loss_host is not None:
+                    record.loss = float(loss_host)
+            else:
+                still.append(item)
+        self._pending = still
+
+    @rank_zero_only
+    def _log(self, trainer: pl.Trainer, record: StepRecord) -> None:
+        if trainer.logger is None:
+            return
+        p = self.phase
+        metrics = {
+            f"{p}/step_time_s": record.step_s,
+            f"{p}/data_wait_s": record.data_wait_s,
+            f"{p}/h2d_s": record.h2d_s,
+            f"{p}/compute_s": record.compute_s,
+            f"{p}/samples_per_s": record.samples / record.step_s if record.step_s > 0 else 0.0,
+            f"{p}/data_wait_frac": record.data_wait_s / record.step_s if record.step_s > 0 else 0.0,
+        }
+        if record.gpu_preprocess_s:
+            metrics[f"{p}/gpu_preprocess_s"] = record.gpu_preprocess_s
+        if record.ckpt_s:
+            metrics[f"{p}/ckpt_blocking_s"] = record.ckpt_s
+        done = [r for r in self.times.records[-8:] if r.device_compute_s is not None]
+        if done:
+            metrics[f"{p}/device_compute_s"] = done[-1].device_compute_s
+        if self.monitor is not None and (sample := self.monitor.latest()) is not None:
+            if sample.gpu_util_pct is not None:
+                metrics[f"{p}/gpu_util_pct"] = sample.gpu_util_pct
+                metrics[f"{p}/gpu_mem_gb"] = sample.gpu_mem_gb
+            metrics[f"{p}/cpu_main_pct"] = sample.cpu_main_pct
+            metrics[f"{p}/cpu_workers_pct"] = sample.cpu_workers_pct
+        if torch.cuda.is_available() and self._use_cuda:
+            metrics[f"{p}/gpu_mem_allocated_gb"] = torch.cuda.memory_allocated() / 2**30
+        trainer.logger.log_metrics(metrics, step=trainer.global_step)
+
+
+def _batch_size(pl_module: pl.LightningModule, batch: Any) -> int:
+    fn = getattr(pl_module, "batch_size", None)
+    if callable(fn):
+        try:
+            return int(fn(batch))
+        except NotImplementedError:
+            pass
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0])
+    return 1

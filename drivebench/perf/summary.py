@@ -1,0 +1,163 @@
+"""Turn a run's measurements into ``summary.json`` (schema: docs/summary.md) and a terminal table."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+from drivebench.perf.callback import PhaseTimes, StepRecord
+from drivebench.perf.stats import describe
+from drivebench.perf.system import SystemMonitor
+
+SCHEMA_VERSION = 1
+LOSS_STEPS = (10, 50, 100, 200, 300, 500, 1000, 2000, 5000, 10000)
+
+
+def phase_stats(times: PhaseTimes, monitor: SystemMonitor | None = None) -> dict[str, Any]:
+    """Warm-up-excluded statistics of one phase."""
+    measured = times.measured()
+    out: dict[str, Any] = {
+        "steps_total": len(times.records),
+        "warmup_steps": len(times.records) - len(measured),
+        "steps_measured": len(measured),
+    }
+    if not measured:
+        out["note"] = "no step past warm-up: raise bench.steps"
+        return out
+    wall = sum(r.step_s for r in measured)
+    samples = sum(r.samples for r in measured)
+    out.update(
+        wall_s=wall,
+        samples=samples,
+        samples_per_s=samples / wall if wall > 0 else math.nan,
+        samples_per_s_per_step=describe(r.samples / r.step_s for r in measured if r.step_s > 0),
+        step_s=describe(r.step_s for r in measured),
+        data_wait_s=describe(r.data_wait_s for r in measured),
+        h2d_s=describe(r.h2d_s for r in measured),
+        gpu_preprocess_s=describe(r.gpu_preprocess_s for r in measured),
+        compute_s=describe(r.compute_s for r in measured),
+        ckpt_blocking_s=describe(r.ckpt_s for r in measured),
+        data_wait_fraction=sum(r.data_wait_s for r in measured) / wall if wall > 0 else math.nan,
+    )
+    device = [r.device_compute_s for r in measured if r.device_compute_s is not None]
+    if device:
+        out["device_compute_s"] = describe(device)
+        out["device_busy_fraction"] = sum(device) / wall if wall > 0 else math.nan
+    h2d_dev = [r.device_h2d_s for r in measured if r.device_h2d_s is not None]
+    if h2d_dev:
+        out["device_h2d_s"] = describe(h2d_dev)
+    if monitor is not None and times.measured_started is not None and times.ended is not None:
+        window = monitor.window(times.measured_started, times.ended)
+        gpu = [s.gpu_util_pct for s in window if s.gpu_util_pct is not None]
+        out["system"] = {
+            "samples": len(window),
+            "gpu_util_pct": describe(gpu) if gpu else None,
+            "gpu_mem_gb": describe(s.gpu_mem_gb for s in window if s.gpu_mem_gb is not None) if gpu else None,
+            "cpu_main_pct": describe(s.cpu_main_pct for s in window),
+            "cpu_workers_pct": describe(s.cpu_workers_pct for s in window),
+            "cpu_system_pct": describe(s.cpu_system_pct for s in window),
+        }
+    return out
+
+
+def loss_summary(records: Sequence[StepRecord]) -> dict[str, Any]:
+    """Training loss at fixed steps (mean of a 5-step window ending there), first and final."""
+    losses = [r.loss for r in records]
+    finite = [v for v in losses if v is not None and math.isfinite(v)]
+    if not finite:
+        return {"first": None, "final": None, "at_steps": {}, "nonfinite_steps": len(losses)}
+
+    def window_mean(end: int) -> float | None:
+        vals = [v for v in losses[max(end - 5, 0):end] if v is not None and math.isfinite(v)]
+        return sum(vals) / len(vals) if vals else None
+
+    return {
+        "first": window_mean(min(5, len(losses))),
+        "final": window_mean(len(losses)),
+        "at_steps": {str(s): window_mean(s) for s in LOSS_STEPS if s <= len(losses)},
+        "nonfinite_steps": sum(1 for v in losses if v is None or not math.isfinite(v)),
+    }
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if hasattr(obj, "item"):
+        return _jsonable(obj.item())
+    return str(obj)
+
+
+def write_summary(path: Path, summary: dict[str, Any]) -> Path:
+    """Write atomically (temp file + rename): a reader never sees half a summary."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".summary-", suffix=".json", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(_jsonable(summary), fh, indent=2, sort_keys=False)
+        fh.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _fmt(value: Any, unit: str = "", scale: float = 1.0, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value * scale:.{digits}g}{unit}"
+
+
+def render_table(summary: dict[str, Any]) -> str:
+    """A short plain-text table of what the run measured (printed at the end of every run)."""
+    rows: list[tuple[str, str]] = []
+    run = summary.get("run", {})
+    rows.append(("model / accel", f"{run.get('model')} ({run.get('model_size')}) / {run.get('accel')}"))
+    machine = summary.get("machine", {})
+    gpus = machine.get("gpus") or []
+    rows.append(("machine", f"{gpus[0]['name'] + ' x' + str(len(gpus)) if gpus else 'CPU only'}, "
+                            f"{machine.get('cpu_cores')} cores"))
+    train = summary.get("train") or {}
+    if train.get("steps_measured"):
+        step = train["step_s"]
+        rows += [
+            ("steps measured (warm-up)", f"{train['steps_measured']} ({train['warmup_steps']})"),
+            ("throughput", f"{_fmt(train['samples_per_s'])} samples/s"),
+            ("step time median [p10, p90]",
+             f"{_fmt(step['median'], ' s')} [{_fmt(step['p10'])}, {_fmt(step['p90'])}]"),
+            ("data wait", f"{_fmt(train['data_wait_fraction'], '%', 100)} of step time "
+                          f"(median {_fmt(train['data_wait_s']['median'], ' s')})"),
+            ("host-to-device median", _fmt(train["h2d_s"]["median"], " s")),
+        ]
+        if "device_busy_fraction" in train:
+            rows.append(("device busy (CUDA events)", _fmt(train["device_busy_fraction"], "%", 100)))
+        gpu_util = (train.get("system") or {}).get("gpu_util_pct")
+        if gpu_util:
+            rows.append(("GPU utilisation median (NVML)", _fmt(gpu_util["median"], "%")))
+    ceiling = summary.get("ceiling") or {}
+    if ceiling.get("steps_measured"):
+        rows.append(("ceiling throughput", f"{_fmt(ceiling['samples_per_s'])} samples/s"))
+    if summary.get("efficiency") is not None:
+        rows.append(("efficiency (train / ceiling)", _fmt(summary["efficiency"], "%", 100)))
+    loader = summary.get("loader") or {}
+    if loader.get("samples_per_s") is not None:
+        rows.append(("loader throughput", f"{_fmt(loader['samples_per_s'])} samples/s"))
+    loss = summary.get("loss") or {}
+    if loss.get("first") is not None:
+        rows.append(("train loss first -> final", f"{_fmt(loss['first'])} -> {_fmt(loss['final'])}"))
+    for key, value in (summary.get("val") or {}).items():
+        rows.append((f"val {key}", _fmt(value)))
+    mem = summary.get("memory") or {}
+    if mem.get("peak_device_gb") is not None:
+        rows.append(("peak device memory", _fmt(mem["peak_device_gb"], " GiB")))
+    rows.append(("summary", str(summary.get("paths", {}).get("summary", ""))))
+    width = max(len(k) for k, _ in rows)
+    line = "-" * (width + 40)
+    body = "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    return f"{line}\ndrivebench run summary\n{line}\n{body}\n{line}"

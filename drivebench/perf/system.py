@@ -1,0 +1,116 @@
+"""Background sampler of GPU utilisation/memory (NVML) and CPU use of the trainer and its workers.
+
+Why a thread: NVML utilisation is a rolling device counter and psutil CPU percentages are deltas
+between calls; sampling them every ``interval`` seconds off the training thread costs the step
+nothing and gives a series we can cut to the measured phase afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass
+class SystemSample:
+    t: float                       # time.perf_counter() of the sample
+    gpu_util_pct: float | None     # NVML: % of time a kernel was running on our device
+    gpu_mem_gb: float | None       # NVML: memory used on our device (all processes)
+    cpu_main_pct: float            # this process, % of one core
+    cpu_workers_pct: float         # all child processes (loader workers), % of one core
+    cpu_system_pct: float          # the whole machine, % of all cores
+
+
+class SystemMonitor:
+    """Samples in a daemon thread between ``start()`` and ``stop()``."""
+
+    def __init__(self, device_index: int | None, interval: float = 0.5) -> None:
+        self.device_index = device_index
+        self.interval = interval
+        self.samples: list[SystemSample] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml_handle = None
+        self._proc = psutil.Process(os.getpid())
+        self._children: dict[int, psutil.Process] = {}
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        if self.device_index is not None:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self._nvml_handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
+            except Exception:  # no NVML (driverless container): GPU columns stay empty
+                self._nvml_handle = None
+        self._proc.cpu_percent(None)
+        psutil.cpu_percent(None)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="drivebench-sysmon", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._thread = None
+
+    def latest(self) -> SystemSample | None:
+        return self.samples[-1] if self.samples else None
+
+    def window(self, t0: float, t1: float) -> list[SystemSample]:
+        return [s for s in self.samples if t0 <= s.t <= t1]
+
+    def _children_cpu(self) -> float:
+        total = 0.0
+        try:
+            current = {p.pid: p for p in self._proc.children(recursive=True)}
+        except psutil.Error:
+            return 0.0
+        for pid, proc in current.items():
+            known = self._children.get(pid)
+            if known is None:
+                try:
+                    proc.cpu_percent(None)  # first call primes the delta
+                except psutil.Error:
+                    continue
+                self._children[pid] = proc
+                continue
+            try:
+                total += known.cpu_percent(None)
+            except psutil.Error:
+                pass
+        for pid in list(self._children):
+            if pid not in current:
+                del self._children[pid]
+        return total
+
+    def _gpu(self) -> tuple[float | None, float | None]:
+        if self._nvml_handle is None:
+            return None, None
+        try:
+            import pynvml
+
+            util = pynvml.nvmlDeviceGetUtilizationRates(self._nvml_handle).gpu
+            mem = pynvml.nvmlDeviceGetMemoryInfo(self._nvml_handle).used / 2**30
+            return float(util), float(mem)
+        except Exception:
+            return None, None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            gpu_util, gpu_mem = self._gpu()
+            try:
+                main = self._proc.cpu_percent(None)
+            except psutil.Error:
+                main = 0.0
+            self.samples.append(
+                SystemSample(time.perf_counter(), gpu_util, gpu_mem, main, self._children_cpu(), psutil.cpu_percent(None))
+            )
