@@ -1,0 +1,96 @@
+"""accel presets resolve against the machine; bad knob values stop with one clear message."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from drivebench.accel.settings import AccelSettings
+from drivebench.errors import ConfigError
+from drivebench.perf.machine import GPUInfo, MachineInfo
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+PRESETS = sorted(p.stem for p in (CONF / "accel").glob("*.yaml"))
+
+
+def machine(gpus: int, cores: int) -> MachineInfo:
+    return MachineInfo(hostname="h", cpu_model="x", cpu_cores=cores, ram_gb=64, shm_gb=32, shm_free_gb=30,
+                       accelerator="cuda" if gpus else "cpu",
+                       gpus=[GPUInfo(i, "NVIDIA H200", 139.0, "9.0") for i in range(gpus)], bf16_supported=bool(gpus))
+
+
+def preset(name: str, *overrides: str) -> dict:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"accel={name}", *overrides])
+    return OmegaConf.to_container(cfg.accel, resolve=True)
+
+
+def test_presets_are_the_documented_four_at_least():
+    assert {"none", "cpu", "torch", "max"} <= set(PRESETS)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_resolves_on_cpu_and_gpu(name):
+    for m in (machine(0, 2), machine(1, 16), machine(2, 32)):
+        s = AccelSettings.resolve(preset(name), m)
+        assert s.num_workers >= 0 and s.preprocess_workers >= 0
+
+
+def test_none_is_the_naive_baseline():
+    s = AccelSettings.resolve(preset("none"), machine(1, 16))
+    assert (s.num_workers, s.pin_memory, s.compile, s.precision, s.shm_cache) == (0, False, False, "32-true", False)
+    assert s.numerics_changes() == []
+
+
+def test_max_on_an_h200_uses_every_core_bf16_and_compile():
+    s = AccelSettings.resolve(preset("max"), machine(1, 16))
+    assert s.num_workers == 16 and s.pin_memory and s.persistent_workers and s.compile
+    assert s.precision == "bf16-mixed" and s.tf32 and s.shm_cache and s.preprocess_workers == 16
+    assert "precision=bf16-mixed" in s.numerics_changes()
+
+
+def test_max_on_two_gpus_splits_cores_per_device():
+    assert AccelSettings.resolve(preset("max"), machine(2, 32)).num_workers == 16
+    assert AccelSettings.resolve(preset("max"), machine(2, 8)).num_workers == 4
+
+
+def test_max_on_a_cpu_machine_stays_fp32_uncompiled():
+    s = AccelSettings.resolve(preset("max"), machine(0, 2))
+    assert s.precision == "32-true" and not s.compile and not s.pin_memory
+    assert s.num_workers == 1  # half the cores load, the other half trains
+
+
+def test_single_knob_override_wins():
+    s = AccelSettings.resolve(preset("none", "accel.num_workers=4"), machine(1, 16))
+    assert s.num_workers == 4 and s.persistent_workers is False
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("accel.num_workers=-1", "accel.num_workers=-1"),
+        ("accel.precision=fp8", "accel.precision='fp8'"),
+        ("accel.compile_mode=fast", "accel.compile_mode='fast'"),
+        ("accel.prefetch_factor=0", "accel.prefetch_factor=0"),
+        ("+accel.num_wrokers=2", "accel.num_wrokers is not an accel knob"),
+    ],
+)
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        AccelSettings.resolve(preset("max", override), machine(1, 16))
+
+
+def test_half_precision_on_cpu_is_refused():
+    with pytest.raises(ConfigError, match="needs a GPU"):
+        AccelSettings.resolve(preset("none", "accel.precision=16-mixed"), machine(0, 2))
+
+
+def test_every_knob_is_documented_in_the_base_preset():
+    text = (CONF / "accel" / "none.yaml").read_text()
+    knobs = yaml.safe_load(text)
+    for line in text.splitlines():
+        key = line.split(":")[0]
+        if key in knobs and key != "name":
+            assert "#" in line, f"accel knob {key} has no comment in conf/accel/none.yaml"

@@ -1,0 +1,106 @@
+"""The step timer splits each step into data wait / transfer / compute on a real Lightning run."""
+
+import time
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from drivebench.lit.base import DriveModule
+from drivebench.perf.callback import StepTimer
+from drivebench.perf.ceiling import ResidentBatch, ResidentBatchLoader
+from drivebench.perf.summary import loss_summary, phase_stats
+
+
+class SlowDataset(Dataset):
+    """Each sample costs ``delay`` seconds to produce."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        time.sleep(self.delay)
+        g = torch.Generator().manual_seed(i)
+        x = torch.randn(8, generator=g)
+        return {"x": x, "y": x.sum(0, keepdim=True)}
+
+
+class SlowModel(torch.nn.Module):
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 1)
+        self.delay = delay
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        time.sleep(self.delay)
+        return self.lin(batch["x"])
+
+
+class ToyModule(DriveModule):
+    def compute_loss(self, batch, outputs):
+        return {"loss": torch.nn.functional.mse_loss(outputs, batch["y"])}
+
+    def batch_size(self, batch):
+        return batch["x"].shape[0]
+
+
+def fit(data_delay: float, compute_delay: float, steps: int = 12, warmup: int = 2) -> StepTimer:
+    module = ToyModule(SlowModel(compute_delay), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    loader = DataLoader(SlowDataset(64, data_delay), batch_size=4)
+    timer = StepTimer("perf", warmup_steps=warmup)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=steps, logger=False, callbacks=[timer],
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, train_dataloaders=loader)
+    return timer
+
+
+def test_input_bound_run_is_attributed_to_data_wait():
+    timer = fit(data_delay=0.01, compute_delay=0.0)  # 4 samples x 10 ms per batch
+    stats = phase_stats(timer.times)
+    assert stats["steps_measured"] == 10 and stats["warmup_steps"] == 2
+    assert stats["data_wait_s"]["median"] == pytest.approx(0.04, abs=0.02)
+    assert stats["data_wait_fraction"] > 0.7
+    assert stats["samples_per_s"] == pytest.approx(4 / stats["step_s"]["mean"], rel=1e-6)
+
+
+def test_compute_bound_run_is_attributed_to_compute():
+    timer = fit(data_delay=0.0, compute_delay=0.03)
+    stats = phase_stats(timer.times)
+    assert stats["compute_s"]["median"] >= 0.03
+    assert stats["data_wait_fraction"] < 0.3
+
+
+def test_losses_are_recorded_per_step_without_sync_tricks_on_cpu():
+    timer = fit(data_delay=0.0, compute_delay=0.0, steps=12)
+    losses = [r.loss for r in timer.times.records]
+    assert len(losses) == 12 and all(isinstance(v, float) for v in losses)
+    summary = loss_summary(timer.times.records)
+    assert summary["at_steps"]["10"] is not None and summary["final"] < summary["first"]
+
+
+def test_ceiling_reuses_one_resident_batch():
+    module = ToyModule(SlowModel(0.0), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    seen = []
+
+    class Spy(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append(id(batch))
+
+    batch = next(iter(DataLoader(SlowDataset(8, 0.0), batch_size=4)))
+    timer = StepTimer("ceiling", warmup_steps=1)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=5, logger=False, callbacks=[timer, Spy()],
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, train_dataloaders=ResidentBatchLoader(ResidentBatch(batch), 5))
+    assert len(set(seen)) == 1 and len(seen) == 5
+    assert phase_stats(timer.times)["steps_measured"] == 4
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="warmup_steps"):
+        StepTimer(warmup_steps=-1)
+    with pytest.raises(ValueError, match="log_every_n_steps"):
+        StepTimer(log_every_n_steps=0)
