@@ -1,0 +1,24 @@
+# drivebench: `make run` and `make test` do all set-up on a fresh machine (a venv in .venv).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+ARGS   ?=
+
+.PHONY: setup run test clean-cache
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed  ## create .venv and install drivebench with its test extras
+
+run: setup                 ## the main job: a bounded QCNet benchmark on the embedded dataset
+	$(PY) -m drivebench model=qcnet accel=max $(ARGS)
+
+test: setup                ## the test suite (CPU only; what .ci/run calls)
+	$(PY) -m pytest -q $(ARGS)
+
+clean-cache:               ## delete generated datasets and preprocessing caches
+	rm -rf $${DRIVEBENCH_CACHE:-$$HOME/.cache/drivebench}
