@@ -1,0 +1,114 @@
+"""A factory of small, geometrically consistent SparseDrive batches (docs/batch-contract.md).
+
+A few fixed scenes: the ego drives forward along a sequence; agents keep constant velocities;
+map elements are straight lines fixed in the world. Six cameras look around with a pinhole model
+so that ``lidar2img`` projects the lidar frame (x forward, y left, z up) into the images.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+CAM_YAWS = (0.0, -math.radians(55), math.radians(55), math.pi, math.radians(110), -math.radians(110))
+
+
+def camera_matrices(h: int, w: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(6, 4, 4) lidar2img, (6, 3, 3) intrinsics and (6, 4, 4) cam2lidar for a ring of cameras."""
+    f = 0.8 * w
+    k = torch.tensor([[f, 0, w / 2], [0, f, h / 2], [0, 0, 1.0]])
+    # camera axes (x right, y down, z forward) in a lidar frame looking along +x
+    base = torch.tensor([[0.0, 0.0, 1.0], [-1.0, 0.0, 0.0], [0.0, -1.0, 0.0]])  # columns: cam x/y/z in lidar
+    lidar2img, cam2lidar = [], []
+    for yaw in CAM_YAWS:
+        rz = torch.tensor([[math.cos(yaw), -math.sin(yaw), 0.0], [math.sin(yaw), math.cos(yaw), 0.0], [0.0, 0.0, 1.0]])
+        rot = rz @ base  # cam -> lidar rotation
+        c2l = torch.eye(4)
+        c2l[:3, :3] = rot
+        c2l[:3, 3] = torch.tensor([0.5, 0.0, 0.3])
+        l2c = torch.linalg.inv(c2l)
+        viewpad = torch.eye(4)
+        viewpad[:3, :3] = k
+        lidar2img.append(viewpad @ l2c)
+        cam2lidar.append(c2l)
+    return torch.stack(lidar2img), k.expand(6, 3, 3).clone(), torch.stack(cam2lidar)
+
+
+def _polyline_orderings(pts: torch.Tensor, num_orderings: int) -> torch.Tensor:
+    """(20, 2) polyline -> (S, 20, 2): forward and reverse, padded with -10000 as upstream."""
+    out = torch.full((num_orderings, pts.shape[0], 2), -10000.0)
+    out[0] = pts
+    out[1] = pts.flip(0)
+    return out
+
+
+def make_sequence(num_frames: int = 4, batch_size: int = 2, h: int = 64, w: int = 176, seed: int = 0,
+                  num_orderings: int = 4) -> list[dict]:
+    """``num_frames`` consecutive batches; slot b walks scene b frame by frame (prev_exists after the first)."""
+    g = torch.Generator().manual_seed(seed)
+    lidar2img, intr, cam2lidar = camera_matrices(h, w)
+    scenes = []
+    for _ in range(batch_size):
+        n_agents = int(torch.randint(2, 5, (1,), generator=g))
+        pos = (torch.rand(n_agents, 2, generator=g) - 0.5) * torch.tensor([40.0, 20.0])
+        yaw = (torch.rand(n_agents, generator=g) - 0.5) * 2 * math.pi
+        speed = torch.rand(n_agents, generator=g) * 5
+        labels = torch.randint(0, 10, (n_agents,), generator=g)
+        n_map = int(torch.randint(1, 4, (1,), generator=g))
+        map_y = (torch.rand(n_map, generator=g) - 0.5) * 20
+        map_labels = torch.randint(0, 3, (n_map,), generator=g)
+        ego_speed = 2.0 + 3.0 * float(torch.rand(1, generator=g))
+        scenes.append((pos, yaw, speed, labels, map_y, map_labels, ego_speed))
+    images = torch.randn(batch_size, 6, 3, h, w, generator=g)
+    batches = []
+    for t in range(num_frames):
+        batch: dict = {k: [] for k in ("gt_boxes_3d", "gt_labels_3d", "gt_instance_ids", "gt_agent_fut_trajs",
+                                       "gt_agent_fut_masks", "gt_map_labels", "gt_map_pts", "gt_map_num_orderings")}
+        ego2global, ego_traj = [], []
+        for b, (pos, yaw, speed, labels, map_y, map_labels, ego_speed) in enumerate(scenes):
+            ego_x = ego_speed * 0.5 * t
+            e2g = torch.eye(4)
+            e2g[0, 3] = 100.0 * b + ego_x
+            ego2global.append(e2g)
+            vel = torch.stack([speed * torch.cos(yaw), speed * torch.sin(yaw)], -1)
+            centre = pos + vel * 0.5 * t - torch.tensor([ego_x, 0.0])
+            rel_vel = vel
+            n = centre.shape[0]
+            size = torch.tensor([1.9, 4.5, 1.6]).expand(n, 3)
+            boxes = torch.cat([centre, torch.full((n, 1), -1.0), size, yaw[:, None], rel_vel], dim=-1)
+            steps = torch.arange(1, 13, dtype=torch.float32)[None, :, None]
+            fut = vel[:, None] * 0.5 * steps
+            batch["gt_boxes_3d"].append(boxes)
+            batch["gt_labels_3d"].append(labels)
+            batch["gt_instance_ids"].append(torch.arange(n))
+            batch["gt_agent_fut_trajs"].append(fut)
+            batch["gt_agent_fut_masks"].append(torch.ones(n, 12, dtype=torch.bool))
+            xs = torch.linspace(-20, 20, 20)
+            lines = [torch.stack([xs, torch.full_like(xs, float(y))], -1) for y in map_y]
+            batch["gt_map_labels"].append(map_labels)
+            batch["gt_map_pts"].append(torch.stack([_polyline_orderings(p, num_orderings) for p in lines]))
+            batch["gt_map_num_orderings"].append(torch.full((len(lines),), 2, dtype=torch.long))
+            ego_traj.append(torch.stack([ego_speed * 0.5 * torch.arange(1, 7, dtype=torch.float32), torch.zeros(6)], -1))
+        batch.update(
+            img=images + 0.05 * t,
+            img_shape=torch.tensor([h, w]).expand(batch_size, 6, 2).clone(),
+            lidar2img=lidar2img.expand(batch_size, 6, 4, 4).clone(),
+            cam_intrinsic=intr.expand(batch_size, 6, 3, 3).clone(),
+            cam2lidar=cam2lidar.expand(batch_size, 6, 4, 4).clone(),
+            lidar2ego=torch.eye(4).expand(batch_size, 4, 4).clone(),
+            ego2global=torch.stack(ego2global),
+            can_bus=torch.zeros(batch_size, 18),
+            timestamp=torch.full((batch_size,), 0.5 * t, dtype=torch.float64),
+            sequence_id=torch.arange(batch_size),
+            frame_idx=torch.full((batch_size,), t),
+            prev_exists=torch.full((batch_size,), t > 0),
+            gt_ego_fut_trajs=torch.stack(ego_traj),
+            gt_ego_fut_masks=torch.ones(batch_size, 6, dtype=torch.bool),
+            gt_ego_fut_cmd=torch.tensor([0.0, 0.0, 1.0]).expand(batch_size, 3).clone(),
+            ego_status=torch.tensor([[0, 0, 0, 0, 0, 0, s[6], 0, 0, 0] for s in scenes], dtype=torch.float32),
+            gt_depth=[torch.rand(batch_size, 6, h // s, w // s, generator=g) * 30 * (torch.rand(batch_size, 6, h // s, w // s, generator=g) > 0.7)
+                      for s in (4, 8, 16)],
+        )
+        batches.append(batch)
+    return batches
