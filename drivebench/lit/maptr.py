@@ -1,0 +1,115 @@
+"""LightningModule for MapTR: loss, chamfer-AP validation, backbone learning-rate multiplier."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from drivebench.lit.base import DriveModule, OptimizerFactory, SchedulerFactory
+from drivebench.models.common.map_metrics import CHAMFER_THRESHOLDS, MAP_CLASSES, ChamferMapAP
+from drivebench.models.maptr.criterion import MapTRCriterion
+from drivebench.models.maptr.postprocess import decode_top_k
+
+
+def _scaled_by_lr_mult(factory: OptimizerFactory) -> OptimizerFactory:
+    """Wrap an optimizer factory so that groups carrying ``lr_mult`` start at ``lr * lr_mult``.
+
+    The scaling happens before any scheduler is built, so schedulers take the scaled rates as their
+    base (mmcv's ``paramwise_cfg`` ``lr_mult`` semantics).
+    """
+
+    def build(groups: Any) -> torch.optim.Optimizer:
+        optimizer = factory(groups)
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * group.get("lr_mult", 1.0)
+        return optimizer
+
+    return build
+
+
+class MapTRModule(DriveModule):
+    """Train ``drivebench.models.maptr.MapTR`` on the map keys of the camera batch contract.
+
+    Args (beyond ``DriveModule``'s):
+        backbone_lr_mult: learning-rate multiplier of the image backbone (0.1 upstream).
+        max_predictions: elements kept per sample for evaluation (upstream ``max_num`` = 50).
+        loss_weights: optional overrides of ``MapTRCriterion`` keywords (weights, focal parameters).
+
+    Weight decay: upstream (mmcv's default optimizer constructor) decays every parameter, norms and
+    embeddings included; only names containing a ``no_weight_decay`` fragment are exempted here.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        optimizer: OptimizerFactory,
+        scheduler: SchedulerFactory | None = None,
+        scheduler_interval: str = "step",
+        no_weight_decay: tuple[str, ...] = (),
+        device_transform: Callable[[Any], Any] | None = None,
+        backbone_lr_mult: float = 0.1,
+        max_predictions: int = 50,
+        loss_weights: dict[str, float] | None = None,
+    ) -> None:
+        super().__init__(net, _scaled_by_lr_mult(optimizer), scheduler, scheduler_interval, no_weight_decay,
+                         device_transform)
+        self.backbone_lr_mult = backbone_lr_mult
+        self.max_predictions = max_predictions
+        self.criterion = MapTRCriterion(net.pc_range, net.num_classes, **(loss_weights or {}))
+        self.chamfer_ap = ChamferMapAP(MAP_CLASSES[: net.num_classes], CHAMFER_THRESHOLDS)
+
+    # ---- DriveModule contract ----------------------------------------------------------------
+    def compute_loss(self, batch: dict[str, Any], outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.criterion(outputs, batch["gt_map_labels"], batch["gt_map_pts"], batch.get("gt_map_num_orderings"))
+
+    def update_metrics(self, batch: dict[str, Any], outputs: dict[str, torch.Tensor]) -> None:
+        decoded = decode_top_k(outputs["cls_logits"][-1], outputs["pts"][-1], self.max_predictions)
+        # Validation only (sync points): one device -> host copy for the decoded predictions, one
+        # for the ground truth (ordering 0 of each element, its points as given).
+        packed = torch.cat([decoded["scores"][..., None].float(), decoded["labels"][..., None].float(),
+                            decoded["pts"].flatten(2).float()], dim=-1).detach().cpu().numpy()
+        sizes = [int(lbl.shape[0]) for lbl in batch["gt_map_labels"]]
+        gt_packed = torch.cat([
+            torch.cat([p[:, 0].flatten(1).float() for p in batch["gt_map_pts"]]),
+            torch.cat(list(batch["gt_map_labels"]))[:, None].float(),
+        ], dim=1).detach().cpu().numpy()
+        n_pts = decoded["pts"].shape[2]
+        start = 0
+        for i, size in enumerate(sizes):
+            gt = gt_packed[start:start + size]
+            start += size
+            self.chamfer_ap.add_sample(packed[i, :, 2:].reshape(-1, n_pts, 2), packed[i, :, 0],
+                                       packed[i, :, 1].astype(int), gt[:, :-1].reshape(size, -1, 2),
+                                       gt[:, -1].astype(int))
+
+    def compute_metrics(self) -> dict[str, float]:
+        return self.chamfer_ap.compute()
+
+    def reset_metrics(self) -> None:
+        self.chamfer_ap.reset()
+
+    def batch_size(self, batch: dict[str, Any]) -> int:
+        return int(batch["img"].shape[0])
+
+    # ---- optimisation ------------------------------------------------------------------------
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """Backbone at ``backbone_lr_mult`` x lr; every group decayed unless named in ``no_weight_decay``."""
+        backbone_ids = {id(p) for p in self.net.image_encoder.backbone.parameters()}
+        buckets: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+        for name, param in self.net.named_parameters():
+            if not param.requires_grad:
+                continue
+            is_backbone = id(param) in backbone_ids
+            decays = not any(frag in name.lower() for frag in self.no_weight_decay)
+            buckets.setdefault((is_backbone, decays), []).append(param)
+        groups = []
+        for (is_backbone, decays), params in sorted(buckets.items()):
+            group: dict[str, Any] = {"params": params}
+            if is_backbone:
+                group["lr_mult"] = self.backbone_lr_mult
+            if not decays:
+                group["weight_decay"] = 0.0
+            groups.append(group)
+        return groups

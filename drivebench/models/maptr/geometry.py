@@ -1,0 +1,99 @@
+"""BEV grid, pillar reference points, camera projection and point normalisation for MapTR.
+
+Conventions (upstream BEVFormer/MapTR): the BEV grid has ``bev_h`` rows along the lidar y axis and
+``bev_w`` columns along the lidar x axis, flattened row-major (``index = row * bev_w + col``).
+Normalised BEV coordinates are ``(x, y)`` in [0, 1] over ``pc_range``; map points are predicted in
+these normalised coordinates and denormalised to metres.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+PcRange = Sequence[float]  # (x_min, y_min, z_min, x_max, y_max, z_max), metres, lidar frame
+
+
+def normalize_points(points: torch.Tensor, pc_range: PcRange) -> torch.Tensor:
+    """Metres -> [0, 1] over the x/y extent of ``pc_range`` (last dim is (x, y))."""
+    lo = points.new_tensor(pc_range[0:2])
+    size = points.new_tensor([pc_range[3] - pc_range[0], pc_range[4] - pc_range[1]])
+    return (points - lo) / size
+
+
+def denormalize_points(points: torch.Tensor, pc_range: PcRange) -> torch.Tensor:
+    """[0, 1] -> metres (inverse of ``normalize_points``)."""
+    lo = points.new_tensor(pc_range[0:2])
+    size = points.new_tensor([pc_range[3] - pc_range[0], pc_range[4] - pc_range[1]])
+    return points * size + lo
+
+
+def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """logit(x), clamped so that 0 and 1 stay finite (as mmdet's ``inverse_sigmoid``)."""
+    x = x.clamp(0, 1)
+    return torch.log(x.clamp(min=eps) / (1 - x).clamp(min=eps))
+
+
+def bev_reference_points_2d(
+    bev_h: int, bev_w: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Normalised (x, y) centres of the BEV cells, (bev_h * bev_w, 2), row-major."""
+    ys = (torch.arange(bev_h, device=device, dtype=dtype) + 0.5) / bev_h
+    xs = (torch.arange(bev_w, device=device, dtype=dtype) + 0.5) / bev_w
+    grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
+    return torch.stack([grid_x.reshape(-1), grid_y.reshape(-1)], dim=-1)
+
+
+def pillar_reference_points_3d(
+    bev_h: int,
+    bev_w: int,
+    pc_range: PcRange,
+    num_points_in_pillar: int,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Metric 3D anchors of every BEV cell: (bev_h * bev_w, Z, 3).
+
+    The Z anchors are spread over the pillar [z_min, z_max] as upstream does: fractions
+    ``linspace(0.5, h - 0.5, Z) / h`` of the pillar height h in metres (for MapTR's 4 m pillar and
+    Z = 4: -1.5, -0.5, 0.5, 1.5 m).
+    """
+    xy = bev_reference_points_2d(bev_h, bev_w, device, dtype)  # (HW, 2)
+    lo = xy.new_tensor(pc_range[0:2])
+    size = xy.new_tensor([pc_range[3] - pc_range[0], pc_range[4] - pc_range[1]])
+    xy_m = xy * size + lo
+    height = pc_range[5] - pc_range[2]
+    fractions = torch.linspace(0.5, height - 0.5, num_points_in_pillar, device=device, dtype=dtype) / height
+    zs = pc_range[2] + height * fractions
+    hw = xy_m.shape[0]
+    return torch.cat(
+        [xy_m[:, None, :].expand(hw, num_points_in_pillar, 2), zs[None, :, None].expand(hw, num_points_in_pillar, 1)],
+        dim=-1,
+    )
+
+
+def project_to_cameras(
+    points: torch.Tensor, lidar2img: torch.Tensor, image_hw: tuple[int, int], eps: float = 1e-5
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Project lidar-frame points into every camera.
+
+    Args:
+        points: (Q, Z, 3) metric points (shared by the batch).
+        lidar2img: (B, N, 4, 4) lidar -> (augmented, padded) image pixels.
+        image_hw: (H, W) of the padded image tensor: the feature map covers it, so coordinates are
+            normalised by it (upstream divides by ``img_shape`` after padding).
+
+    Returns:
+        uv: (B, N, Q, Z, 2) normalised (x, y) image coordinates, [0, 1] inside the image.
+        visible: bool (B, N, Q, Z): in front of the camera and strictly inside the image.
+    """
+    # Projection in fp32 even under autocast: depths of a few cm divide the coordinates.
+    with torch.autocast(device_type=points.device.type, enabled=False):
+        homo = torch.cat([points.float(), points.new_ones(points.shape[:-1] + (1,)).float()], dim=-1)
+        cam = torch.einsum("bnij,qzj->bnqzi", lidar2img.float(), homo)
+        depth = cam[..., 2:3]
+        uv = cam[..., 0:2] / depth.clamp(min=eps)
+        uv = uv / uv.new_tensor([image_hw[1], image_hw[0]])
+        visible = (depth[..., 0] > eps) & (uv > 0.0).all(-1) & (uv < 1.0).all(-1)
+    return uv, visible
