@@ -209,7 +209,7 @@ class SparseDriveCriterion:
         cls_loss, line_loss = map_losses(
             out.map.classification, out.map.prediction, list(batch["gt_map_labels"]), list(batch["gt_map_pts"]),
             list(batch["gt_map_num_orderings"]) if "gt_map_num_orderings" in batch else None,
-            self.map_roi, self.num_map_sample, self.map_line_beta,
+            self.map_roi, self.num_map_sample, self.map_line_beta, self.cls_threshold_to_reg,
         )
         losses["map_cls"] = self.map_cls_weight * cls_loss
         losses["map_line"] = self.map_line_weight * line_loss
