@@ -1,0 +1,143 @@
+"""Streaming (sequence-grouped) batch sampling for temporal models (SparseDrive, Sparse4D).
+
+Why: SparseDrive carries instances from one training step to the next per batch slot, so slot
+``j`` of consecutive batches must hold consecutive frames of one driving sequence (upstream
+``GroupInBatchSampler``). This sampler gives every slot of every DDP rank its own stream of whole
+sequences, in frame order.
+
+Plan of an epoch (deterministic in ``seed`` and the epoch):
+1. sequences are ordered by a permutation of ``seed + epoch`` (or by id without ``shuffle``);
+2. they are dealt, in that order, to the ``num_replicas * batch_size`` global slots, each to the
+   slot whose stream is currently shortest (lowest slot on ties), so streams end up balanced; a
+   sequence belongs to exactly one slot, hence to exactly one rank;
+3. every slot yields one frame per batch. With ``drop_last`` all streams are cut to the shortest
+   one (the tails of the longest streams are skipped this epoch); without it the shorter streams
+   continue with sequences replayed from the start of their own list, so every sample is seen at
+   least once. Either way every rank yields the same number of batches.
+
+How the data side sets ``batch["prev_exists"]`` (docs/batch-contract.md): for slot ``j``, True iff
+the previous batch of the same loader had, in slot ``j``, the previous key frame of the same
+sequence (``prev_exists_for``). The DataLoader asks the sampler in the main process but builds
+samples in workers, which see only indices; so pass ``yield_prev_exists=True`` and the sampler
+yields ``(index, prev_exists)`` pairs that the dataset's ``__getitem__`` unpacks into the sample.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import torch
+from torch.utils.data import Sampler
+
+
+def prev_exists_for(batch_indices: Sequence[int], previous_batch_indices: Sequence[int] | None,
+                    sequence_ids: Sequence[int], frame_idx: Sequence[int], max_frame_gap: int = 1) -> list[bool]:
+    """Per slot: does the previous batch's sample in this slot precede this one in the same sequence?
+
+    True iff same sequence and ``0 < frame_idx[cur] - frame_idx[prev] <= max_frame_gap`` (1: the
+    previous key frame, as the batch contract defines ``prev_exists``).
+    """
+    if previous_batch_indices is None:
+        return [False] * len(batch_indices)
+    if len(previous_batch_indices) != len(batch_indices):
+        return [False] * len(batch_indices)
+    out = []
+    for cur, prev in zip(batch_indices, previous_batch_indices):
+        gap = int(frame_idx[cur]) - int(frame_idx[prev])
+        out.append(int(sequence_ids[cur]) == int(sequence_ids[prev]) and 0 < gap <= max_frame_gap)
+    return out
+
+
+class SequenceGroupedBatchSampler(Sampler[list]):
+    """Batches whose slot ``j`` walks whole sequences in frame order (see module docstring).
+
+    Args:
+        sequence_ids: sequence (scene) of every dataset index.
+        frame_idx: position of every index inside its sequence (sorting key within a sequence).
+        batch_size: samples per batch per rank (= streams per rank).
+        num_replicas, rank: DDP world size and this process's rank.
+        seed: base seed of the per-epoch sequence order (the same on every rank).
+        shuffle: permute the sequence order every epoch.
+        drop_last: cut every stream to the shortest (True) or replay sequences to the longest (False).
+        yield_prev_exists: yield ``(index, prev_exists)`` pairs instead of bare indices.
+    """
+
+    def __init__(self, sequence_ids: Sequence[int], frame_idx: Sequence[int], batch_size: int, num_replicas: int = 1,
+                 rank: int = 0, seed: int = 0, shuffle: bool = True, drop_last: bool = True,
+                 yield_prev_exists: bool = False) -> None:
+        if len(sequence_ids) != len(frame_idx):
+            raise ValueError(f"{len(sequence_ids)} sequence ids for {len(frame_idx)} frame indices")
+        if batch_size < 1 or num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"batch_size={batch_size}, num_replicas={num_replicas}, rank={rank}: need "
+                             "batch_size >= 1 and 0 <= rank < num_replicas")
+        self.sequence_ids = [int(s) for s in sequence_ids]
+        self.frame_idx = [int(f) for f in frame_idx]
+        self.batch_size, self.num_replicas, self.rank = batch_size, num_replicas, rank
+        self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
+        self.yield_prev_exists = yield_prev_exists
+        self.epoch = 0
+        groups: dict[int, list[int]] = {}
+        for index, seq in enumerate(self.sequence_ids):
+            groups.setdefault(seq, []).append(index)
+        self.sequences = {seq: sorted(idx, key=lambda i: self.frame_idx[i]) for seq, idx in groups.items()}
+        slots = batch_size * num_replicas
+        if len(self.sequences) < slots:
+            raise ValueError(
+                f"{len(self.sequences)} sequences cannot feed {slots} streams (batch_size={batch_size} x "
+                f"num_replicas={num_replicas}): lower the batch size or split sequences into shorter ones")
+        self._plan_cache: tuple[int, list[list[int]]] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose sequence order ``__iter__`` / ``__len__`` use (call before each epoch)."""
+        self.epoch = int(epoch)
+
+    def _sequence_order(self) -> list[int]:
+        ids = sorted(self.sequences)
+        if not self.shuffle:
+            return ids
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        return [ids[i] for i in torch.randperm(len(ids), generator=g).tolist()]
+
+    def _streams(self) -> list[list[int]]:
+        """Per global slot, the list of sequences it walks this epoch (cached per epoch)."""
+        if self._plan_cache is not None and self._plan_cache[0] == self.epoch:
+            return self._plan_cache[1]
+        slots = self.batch_size * self.num_replicas
+        streams: list[list[int]] = [[] for _ in range(slots)]
+        lengths = [0] * slots
+        for seq in self._sequence_order():
+            j = min(range(slots), key=lambda s: (lengths[s], s))
+            streams[j].append(seq)
+            lengths[j] += len(self.sequences[seq])
+        self._plan_cache = (self.epoch, streams)
+        return streams
+
+    def _num_batches(self, streams: list[list[int]]) -> int:
+        lengths = [sum(len(self.sequences[s]) for s in stream) for stream in streams]
+        return min(lengths) if self.drop_last else max(lengths)
+
+    def _slot_frames(self, stream: list[int], count: int) -> list[int]:
+        frames: list[int] = []
+        k = 0
+        while len(frames) < count:
+            frames.extend(self.sequences[stream[k % len(stream)]])
+            k += 1
+        return frames[:count]
+
+    def __len__(self) -> int:
+        return self._num_batches(self._streams())
+
+    def __iter__(self) -> Iterator[list]:
+        streams = self._streams()
+        count = self._num_batches(streams)
+        mine = streams[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+        columns = [self._slot_frames(stream, count) for stream in mine]
+        previous: list[int] | None = None
+        for step in range(count):
+            batch = [column[step] for column in columns]
+            if self.yield_prev_exists:
+                flags = prev_exists_for(batch, previous, self.sequence_ids, self.frame_idx)
+                yield list(zip(batch, flags))
+            else:
+                yield batch
+            previous = batch
