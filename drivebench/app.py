@@ -62,6 +62,7 @@ class Run:
             "benchmark": self.accel.cudnn_benchmark,
             "default_root_dir": str(self.output_dir),
             "num_sanity_val_steps": 0,
+            "use_distributed_sampler": False,  # the datamodule's samplers split ranks and resume
             "enable_model_summary": False,
         }
 

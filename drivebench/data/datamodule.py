@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from drivebench.accel.settings import AccelSettings
 from drivebench.accel.shm_cache import CacheDoesNotFit, SharedSampleCache
+from drivebench.data.sampling import EpochBatchSampler, RandomBatchSampler
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,9 @@ class DriveDataModule(pl.LightningDataModule):
         seed: seeds the training sample order (so it is the same for any num_workers).
         train_split / val_split: split names of the source.
         progress: show progress bars for generation, preprocessing and caching.
+        batch_sampler: optional factory ``(dataset, batch_size, num_replicas, rank, seed) ->
+            EpochBatchSampler`` for models that need special batching (streaming sequences);
+            default: :class:`RandomBatchSampler`.
     """
 
     def __init__(
@@ -68,6 +72,7 @@ class DriveDataModule(pl.LightningDataModule):
         train_split: str = "train",
         val_split: str = "val",
         progress: bool = True,
+        batch_sampler: Callable[..., EpochBatchSampler] | None = None,
     ) -> None:
         super().__init__()
         self.source = source
@@ -83,6 +88,8 @@ class DriveDataModule(pl.LightningDataModule):
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.cache_info: dict[str, Any] = {"enabled": accel.shm_cache}
+        self.batch_sampler_factory = batch_sampler
+        self._resume_at: tuple[int, int] | None = None  # (epoch, batches already done in it)
 
     def prepare_data(self) -> None:
         self.source.prepare(workers=self.accel.preprocess_workers, progress=self.progress)
@@ -115,16 +122,36 @@ class DriveDataModule(pl.LightningDataModule):
             info.update(cache.stats().to_dict())
         return info
 
+    def resume_at(self, epoch: int, batches_done: int) -> None:
+        """Make the next training loader start at ``epoch`` after its first ``batches_done`` batches."""
+        self._resume_at = (int(epoch), int(batches_done))
+
+    def _replicas(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 1, 0
+        return int(trainer.world_size), int(trainer.global_rank)
+
+    def make_batch_sampler(self, dataset: Dataset, shuffle: bool = True) -> EpochBatchSampler:
+        replicas, rank = self._replicas()
+        if self.batch_sampler_factory is not None:
+            return self.batch_sampler_factory(dataset=dataset, batch_size=self.batch_size, num_replicas=replicas,
+                                              rank=rank, seed=self.seed)
+        return RandomBatchSampler(len(dataset), self.batch_size, shuffle=shuffle, drop_last=True,
+                                  num_replicas=replicas, rank=rank, seed=self.seed)
+
     def train_dataloader(self) -> DataLoader:
         assert self.train_set is not None, "setup() first"
-        generator = torch.Generator().manual_seed(self.seed)
+        sampler = self.make_batch_sampler(self.train_set)
+        if self._resume_at is not None:
+            epoch, done = self._resume_at
+            sampler.set_epoch(epoch)
+            sampler.skip_next(done)
+            self._resume_at = None
         return DataLoader(
             self.train_set,
-            batch_size=self.batch_size,
-            shuffle=True,
-            drop_last=True,
+            batch_sampler=sampler,
             collate_fn=self.collate_fn,
-            generator=generator,
             worker_init_fn=_seed_worker,
             **self.accel.loader_kwargs(),
         )
@@ -134,5 +161,7 @@ class DriveDataModule(pl.LightningDataModule):
         kwargs = self.accel.loader_kwargs()
         kwargs["persistent_workers"] = False  # validation runs once at the end of a benchmark
         kwargs.pop("prefetch_factor", None)
-        return DataLoader(self.val_set, batch_size=self.val_batch_size, shuffle=False, drop_last=False,
-                          collate_fn=self.collate_fn, **kwargs)
+        replicas, rank = self._replicas()
+        sampler = RandomBatchSampler(len(self.val_set), self.val_batch_size, shuffle=False, drop_last=False,
+                                     num_replicas=replicas, rank=rank, seed=self.seed)
+        return DataLoader(self.val_set, batch_sampler=sampler, collate_fn=self.collate_fn, **kwargs)
