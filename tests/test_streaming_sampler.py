@@ -108,3 +108,20 @@ def test_prev_exists_for_hand_cases() -> None:
 def test_too_few_sequences_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="sequences cannot feed"):
         SequenceGroupedBatchSampler([0, 0, 1], [0, 1, 0], batch_size=2, num_replicas=2)
+
+
+def test_plugs_into_the_datamodule_epoch_and_resume_hooks() -> None:
+    from drivebench.data.streaming import streaming_batch_sampler
+
+    seq, frame = _dataset()
+
+    class Frames:
+        sequence_ids, frame_idx = seq, frame
+
+    sampler = streaming_batch_sampler(Frames(), batch_size=2, seed=4)
+    sampler.sampler.set_epoch(1)  # what Lightning calls
+    full = list(sampler)
+    sampler.skip_next(3)
+    assert list(sampler) == full[3:]
+    with pytest.raises(AttributeError, match="sequence_ids"):
+        streaming_batch_sampler(object(), batch_size=2)

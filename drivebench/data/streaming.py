@@ -24,10 +24,11 @@ yields ``(index, prev_exists)`` pairs that the dataset's ``__getitem__`` unpacks
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
-from torch.utils.data import Sampler
+
+from drivebench.data.sampling import EpochBatchSampler
 
 
 def prev_exists_for(batch_indices: Sequence[int], previous_batch_indices: Sequence[int] | None,
@@ -48,8 +49,12 @@ def prev_exists_for(batch_indices: Sequence[int], previous_batch_indices: Sequen
     return out
 
 
-class SequenceGroupedBatchSampler(Sampler[list]):
+class SequenceGroupedBatchSampler(EpochBatchSampler):
     """Batches whose slot ``j`` walks whole sequences in frame order (see module docstring).
+
+    An ``EpochBatchSampler``: Lightning's ``set_epoch`` reaches it and ``skip_next`` resumes an
+    epoch in the middle (the resumed slots then start mid-sequence with an empty model state, which
+    ``prev_exists`` of the first resumed batch does not know: the model resets on resume anyway).
 
     Args:
         sequence_ids: sequence (scene) of every dataset index.
@@ -67,15 +72,13 @@ class SequenceGroupedBatchSampler(Sampler[list]):
                  yield_prev_exists: bool = False) -> None:
         if len(sequence_ids) != len(frame_idx):
             raise ValueError(f"{len(sequence_ids)} sequence ids for {len(frame_idx)} frame indices")
-        if batch_size < 1 or num_replicas < 1 or not 0 <= rank < num_replicas:
-            raise ValueError(f"batch_size={batch_size}, num_replicas={num_replicas}, rank={rank}: need "
-                             "batch_size >= 1 and 0 <= rank < num_replicas")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        super().__init__(num_replicas, rank, seed)
         self.sequence_ids = [int(s) for s in sequence_ids]
         self.frame_idx = [int(f) for f in frame_idx]
-        self.batch_size, self.num_replicas, self.rank = batch_size, num_replicas, rank
-        self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
+        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.yield_prev_exists = yield_prev_exists
-        self.epoch = 0
         groups: dict[int, list[int]] = {}
         for index, seq in enumerate(self.sequence_ids):
             groups.setdefault(seq, []).append(index)
@@ -87,29 +90,25 @@ class SequenceGroupedBatchSampler(Sampler[list]):
                 f"num_replicas={num_replicas}): lower the batch size or split sequences into shorter ones")
         self._plan_cache: tuple[int, list[list[int]]] | None = None
 
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose sequence order ``__iter__`` / ``__len__`` use (call before each epoch)."""
-        self.epoch = int(epoch)
-
-    def _sequence_order(self) -> list[int]:
+    def _sequence_order(self, epoch: int) -> list[int]:
         ids = sorted(self.sequences)
         if not self.shuffle:
             return ids
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        g = torch.Generator().manual_seed(self.seed + epoch)
         return [ids[i] for i in torch.randperm(len(ids), generator=g).tolist()]
 
-    def _streams(self) -> list[list[int]]:
-        """Per global slot, the list of sequences it walks this epoch (cached per epoch)."""
-        if self._plan_cache is not None and self._plan_cache[0] == self.epoch:
+    def _streams(self, epoch: int) -> list[list[int]]:
+        """Per global slot, the list of sequences it walks in ``epoch`` (cached per epoch)."""
+        if self._plan_cache is not None and self._plan_cache[0] == epoch:
             return self._plan_cache[1]
         slots = self.batch_size * self.num_replicas
         streams: list[list[int]] = [[] for _ in range(slots)]
         lengths = [0] * slots
-        for seq in self._sequence_order():
+        for seq in self._sequence_order(epoch):
             j = min(range(slots), key=lambda s: (lengths[s], s))
             streams[j].append(seq)
             lengths[j] += len(self.sequences[seq])
-        self._plan_cache = (self.epoch, streams)
+        self._plan_cache = (epoch, streams)
         return streams
 
     def _num_batches(self, streams: list[list[int]]) -> int:
@@ -124,20 +123,32 @@ class SequenceGroupedBatchSampler(Sampler[list]):
             k += 1
         return frames[:count]
 
-    def __len__(self) -> int:
-        return self._num_batches(self._streams())
-
-    def __iter__(self) -> Iterator[list]:
-        streams = self._streams()
+    def plan(self, epoch: int) -> list[list[Any]]:
+        """This rank's batches of ``epoch``: slot j of batch k is the k-th frame of stream j."""
+        streams = self._streams(epoch)
         count = self._num_batches(streams)
         mine = streams[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
         columns = [self._slot_frames(stream, count) for stream in mine]
+        batches: list[list[Any]] = []
         previous: list[int] | None = None
         for step in range(count):
             batch = [column[step] for column in columns]
             if self.yield_prev_exists:
                 flags = prev_exists_for(batch, previous, self.sequence_ids, self.frame_idx)
-                yield list(zip(batch, flags))
+                batches.append(list(zip(batch, flags)))
             else:
-                yield batch
+                batches.append(batch)
             previous = batch
+        return batches
+
+
+def streaming_batch_sampler(dataset: Any, batch_size: int, num_replicas: int = 1, rank: int = 0, seed: int = 0,
+                            **kwargs: Any) -> SequenceGroupedBatchSampler:
+    """``DriveDataModule(batch_sampler=...)`` factory: reads ``dataset.sequence_ids`` and
+    ``dataset.frame_idx`` (one entry per sample index); ``kwargs`` go to the sampler."""
+    for attr in ("sequence_ids", "frame_idx"):
+        if not hasattr(dataset, attr):
+            raise AttributeError(f"{type(dataset).__name__} has no {attr!r}: streaming batches need the sequence id "
+                                 "and the frame index of every sample")
+    return SequenceGroupedBatchSampler(dataset.sequence_ids, dataset.frame_idx, batch_size, num_replicas, rank, seed,
+                                       **kwargs)

@@ -1,0 +1,166 @@
+"""LightningModule for SparseDrive: loss, detection / map / motion / planning metrics, backbone
+learning-rate multiplier, and the streaming state's life cycle.
+
+Streaming state (see ``drivebench.models.sparsedrive.instance_bank``):
+- every training epoch starts with an empty state (the streaming sampler restarts its streams);
+- validation starts from an empty state and, when it ends, the training streams' state is put
+  back, so a validation in the middle of an epoch does not cut the training sequences;
+- the state is not in checkpoints: after a resume the first step behaves like a first frame.
+Training batches must come from ``drivebench.data.streaming.SequenceGroupedBatchSampler`` (or
+carry ``prev_exists`` that is False wherever a slot does not continue its sequence).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from drivebench.lit.base import DriveModule, OptimizerFactory, SchedulerFactory
+from drivebench.models.common.map_metrics import CHAMFER_THRESHOLDS, ChamferMapAP
+from drivebench.models.sparsedrive.decode import decode_detections, decode_map, decode_motion, decode_planning
+from drivebench.models.sparsedrive.metrics import DetectionAP, MotionMetric, PlanningMetric
+from drivebench.models.sparsedrive.model import DETECTION_CLASSES, MAP_CLASSES, SparseDriveOutput
+
+
+def _with_lr_mult(factory: OptimizerFactory) -> OptimizerFactory:
+    """Optimizer factory wrapper: groups carrying ``lr_mult`` start at ``lr * lr_mult`` (mmcv
+    ``paramwise_cfg`` semantics; schedulers built afterwards take the scaled rates as base)."""
+
+    def build(groups: Any) -> torch.optim.Optimizer:
+        optimizer = factory(groups)
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * group.get("lr_mult", 1.0)
+        return optimizer
+
+    return build
+
+
+class SparseDriveModule(DriveModule):
+    """Train ``drivebench.models.sparsedrive.SparseDrive`` on the camera batch contract.
+
+    Args (beyond ``DriveModule``'s):
+        backbone_lr_mult: learning-rate multiplier of the image backbone; None: upstream's, 0.5 in
+            stage 1 and 0.1 in stage 2.
+        num_detections: detections kept per sample for evaluation (upstream 300).
+        plan_rescore: re-rank plans that collide with predicted agents (upstream: on).
+
+    Weight decay follows upstream (mmcv's default constructor decays every parameter); names
+    containing a ``no_weight_decay`` fragment are exempted.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        optimizer: OptimizerFactory,
+        scheduler: SchedulerFactory | None = None,
+        scheduler_interval: str = "step",
+        no_weight_decay: tuple[str, ...] = (),
+        device_transform: Callable[[Any], Any] | None = None,
+        backbone_lr_mult: float | None = None,
+        num_detections: int = 300,
+        plan_rescore: bool = True,
+    ) -> None:
+        super().__init__(net, _with_lr_mult(optimizer), scheduler, scheduler_interval, no_weight_decay, device_transform)
+        stage = getattr(net, "stage", 2)
+        self.backbone_lr_mult = backbone_lr_mult if backbone_lr_mult is not None else (0.5 if stage == 1 else 0.1)
+        self.num_detections = num_detections
+        self.plan_rescore = plan_rescore
+        self.det_ap = DetectionAP(DETECTION_CLASSES)
+        self.map_ap = ChamferMapAP(MAP_CLASSES, CHAMFER_THRESHOLDS)
+        self.motion_metric = MotionMetric()
+        self.planning_metric = PlanningMetric()
+        self._train_stream: dict[str, Any] | None = None
+
+    # ---- DriveModule contract ----------------------------------------------------------------
+    def compute_loss(self, batch: dict[str, Any], outputs: SparseDriveOutput) -> dict[str, torch.Tensor]:
+        return self.net.criterion(batch, outputs)
+
+    def batch_size(self, batch: dict[str, Any]) -> int:
+        return int(batch["img"].shape[0])
+
+    def reset_metrics(self) -> None:
+        for metric in (self.det_ap, self.map_ap, self.motion_metric, self.planning_metric):
+            metric.reset()
+
+    def compute_metrics(self) -> dict[str, float]:
+        out = {f"det/{k}": v for k, v in self.det_ap.compute().items()}
+        if self.net.map_head is not None:
+            out.update({f"map/{k}": v for k, v in self.map_ap.compute().items()})
+        if self.net.motion_head is not None:
+            out.update(self.motion_metric.compute())
+            out.update(self.planning_metric.compute())
+        return out
+
+    @torch.no_grad()
+    def update_metrics(self, batch: dict[str, Any], outputs: SparseDriveOutput) -> None:
+        # Validation only (sync points): decoded results and ground truth are copied to the host.
+        dets = decode_detections(outputs.det, self.num_detections)
+        det_np = {k: getattr(dets, k).cpu().numpy() for k in ("boxes", "scores", "cls_scores", "labels")}
+        l2e = batch["lidar2ego"].float().cpu().numpy()
+        gt_boxes = [b.float().cpu().numpy() for b in batch["gt_boxes_3d"]]
+        gt_labels = [lab.cpu().numpy() for lab in batch["gt_labels_3d"]]
+        b = len(gt_boxes)
+        for i in range(b):
+            self.det_ap.update(det_np["boxes"][i], det_np["scores"][i], det_np["labels"][i], gt_boxes[i], gt_labels[i], l2e[i])
+        if outputs.map is not None and "gt_map_pts" in batch:
+            elements = decode_map(outputs.map)
+            pts, scores, labels = (t.cpu().numpy() for t in (elements.points, elements.scores, elements.labels))
+            for i in range(b):
+                gt = batch["gt_map_pts"][i][:, 0].float().cpu().numpy()
+                self.map_ap.add_sample(pts[i], scores[i], labels[i], gt, batch["gt_map_labels"][i].cpu().numpy())
+        if outputs.motion is not None:
+            trajs, _ = decode_motion(dets, outputs.motion)
+            trajs_np = trajs.cpu().numpy()
+            plan, _ = decode_planning(outputs.motion, batch["gt_ego_fut_cmd"], dets, rescore=self.plan_rescore)
+            plan_np = plan.cpu().numpy()
+            fut = [t.float().cpu().numpy() for t in batch["gt_agent_fut_trajs"]]
+            fut_mask = [m.cpu().numpy().astype(bool) for m in batch["gt_agent_fut_masks"]]
+            ego_gt = batch["gt_ego_fut_trajs"].float().cpu().numpy()
+            ego_mask = batch["gt_ego_fut_masks"].cpu().numpy().astype(bool)
+            for i in range(b):
+                self.motion_metric.update(det_np["boxes"][i], det_np["cls_scores"][i], det_np["labels"][i], trajs_np[i],
+                                          gt_boxes[i], gt_labels[i], fut[i], fut_mask[i])
+                self.planning_metric.update(plan_np[i], ego_gt[i], ego_mask[i], gt_boxes[i], fut[i], fut_mask[i])
+
+    # ---- streaming state ---------------------------------------------------------------------
+    def on_train_epoch_start(self) -> None:
+        self.net.reset_state()
+
+    def on_validation_epoch_start(self) -> None:
+        super().on_validation_epoch_start()
+        self._train_stream = self.net.streaming_state()
+        self.net.reset_state()
+
+    def on_validation_epoch_end(self) -> None:
+        super().on_validation_epoch_end()
+        if self._train_stream is not None:
+            self.net.load_streaming_state(self._train_stream)
+            self._train_stream = None
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.net.reset_state()
+
+    # ---- optimisation ------------------------------------------------------------------------
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """Backbone at ``backbone_lr_mult`` x lr; every group decayed unless named in ``no_weight_decay``."""
+        backbone_ids = {id(p) for p in self.net.encoder.backbone.parameters()}
+        buckets: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+        for name, param in self.net.named_parameters():
+            if not param.requires_grad:
+                continue
+            decays = not any(frag in name.lower() for frag in self.no_weight_decay)
+            buckets.setdefault((id(param) in backbone_ids, decays), []).append(param)
+        groups = []
+        for (is_backbone, decays), params in sorted(buckets.items()):
+            group: dict[str, Any] = {"params": params}
+            if is_backbone:
+                group["lr_mult"] = self.backbone_lr_mult
+            if not decays:
+                group["weight_decay"] = 0.0
+            groups.append(group)
+        return groups
+
+
+__all__ = ["SparseDriveModule"]
