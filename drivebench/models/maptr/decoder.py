@@ -10,6 +10,7 @@ prediction and, detached, the next layer's reference points.
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch import nn
@@ -91,7 +92,7 @@ class MapDecoder(nn.Module):
         nn.init.zeros_(self.reference_points.bias)
         for layer in self.layers:
             layer.cross_attn.init_weights()
-        bias = -float(torch.log(torch.tensor((1 - prior_prob) / prior_prob)))
+        bias = -math.log((1 - prior_prob) / prior_prob)
         for branch in self.cls_branches:
             nn.init.constant_(branch[-1].bias, bias)
 
