@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torchvision
 
 from drivebench.models import create_model, get_spec
 from drivebench.models.maptr.criterion import MapTRCriterion
@@ -155,3 +156,22 @@ def test_parameter_counts_match_the_analytic_upstream_counts(size, expected):
     count = sum(p.numel() for p in model.parameters())
     print(f"maptr {size}: {count / 1e6:.2f}M parameters")
     assert abs(count - expected) / expected < 0.03
+
+
+def test_head_stays_fp32_under_autocast_unless_asked(batch):
+    model = _model().eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(batch)["pts"].dtype == torch.float32
+        model.head_fp32 = False
+        assert model(batch)["pts"].dtype == torch.bfloat16
+
+
+def test_backbone_weights_load_from_a_local_file(tmp_path):
+    reference = torchvision.models.resnet18(weights=None)
+    path = tmp_path / "resnet18.pth"
+    torch.save(reference.state_dict(), path)
+    model = create_model("maptr", "nano", backbone_weights=str(path))
+    torch.testing.assert_close(model.image_encoder.backbone.stem[0].weight, reference.conv1.weight)
+    torch.testing.assert_close(model.image_encoder.backbone.stages[3][1].conv2.weight, reference.layer4[1].conv2.weight)
+    with pytest.raises(FileNotFoundError, match="backbone weights"):
+        create_model("maptr", "test", backbone_weights=str(tmp_path / "missing.pth"))

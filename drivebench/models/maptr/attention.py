@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from drivebench.models.maptr.geometry import scale_xy
 from drivebench.models.ops import multi_scale_deformable_attn
 
 
@@ -57,7 +58,8 @@ class TemporalSelfAttention(nn.Module):
             raise ValueError(f"TSA embed_dims={embed_dims} is not divisible by num_heads={num_heads}")
         if num_bev_queue != 2:
             raise ValueError(f"TSA supports num_bev_queue=2 (previous + current BEV), got {num_bev_queue}")
-        self.embed_dims, self.num_heads, self.num_points, self.num_bev_queue = embed_dims, num_heads, num_points, num_bev_queue
+        self.embed_dims, self.num_heads = embed_dims, num_heads
+        self.num_points, self.num_bev_queue = num_points, num_bev_queue
         self.sampling_offsets = nn.Linear(embed_dims * num_bev_queue, num_bev_queue * num_heads * num_points * 2)
         self.attention_weights = nn.Linear(embed_dims * num_bev_queue, num_bev_queue * num_heads * num_points)
         self.value_proj = nn.Linear(embed_dims, embed_dims)
@@ -92,8 +94,7 @@ class TemporalSelfAttention(nn.Module):
         weights = self.attention_weights(mixed).view(b, q, heads, queue, pts).softmax(-1)
         offsets = offsets.permute(0, 3, 1, 2, 4, 5, 6).reshape(b * queue, q, heads, 1, pts, 2)
         weights = weights.permute(0, 3, 1, 2, 4).reshape(b * queue, q, heads, 1, pts)
-        normalizer = offsets.new_tensor([bev_hw[1], bev_hw[0]])
-        locations = ref_2d.reshape(b * queue, q, 1, 1, 1, 2) + offsets / normalizer
+        locations = ref_2d.reshape(b * queue, q, 1, 1, 1, 2) + scale_xy(offsets, (1.0 / bev_hw[1], 1.0 / bev_hw[0]))
         v = self.value_proj(value).view(b * queue, q, heads, c // heads)
         out = multi_scale_deformable_attn(v, [tuple(bev_hw)], locations, weights)  # (B*2, Q, C)
         out = out.view(b, queue, q, c).mean(1)
@@ -133,8 +134,7 @@ class DeformableBEVAttention(nn.Module):
         q_in = query + query_pos
         offsets = self.sampling_offsets(q_in).view(b, q, heads, 1, pts, 2)
         weights = self.attention_weights(q_in).view(b, q, heads, 1, pts).softmax(-1)
-        normalizer = offsets.new_tensor([bev_hw[1], bev_hw[0]])
-        locations = reference_points[:, :, None, None, None, :] + offsets / normalizer
+        locations = reference_points[:, :, None, None, None, :] + scale_xy(offsets, (1.0 / bev_hw[1], 1.0 / bev_hw[0]))
         v = self.value_proj(value).view(b, value.shape[1], heads, c // heads)
         out = multi_scale_deformable_attn(v, [tuple(bev_hw)], locations, weights)
         return self.dropout(self.output_proj(out)) + query

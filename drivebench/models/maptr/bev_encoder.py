@@ -129,6 +129,7 @@ class BEVEncoder(nn.Module):
                 nn.init.zeros_(m.bias)
         for layer in self.layers:
             layer.temporal_attn.init_weights()
+            layer.spatial_attn.init_weights()
         nn.init.normal_(self.cams_embeds)
         nn.init.normal_(self.level_embeds)
 

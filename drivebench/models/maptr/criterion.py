@@ -76,7 +76,8 @@ class MapTRCriterion(nn.Module):
         matches = self.match(outputs, gt_labels, gt_pts, gt_num_orderings)
         device = cls_logits.device
 
-        num_pos = torch.tensor(matches.num_matched, dtype=torch.float32, device=device)
+        # non_blocking: a host list -> device copy that does not wait for the stream
+        num_pos = torch.tensor(matches.num_matched, dtype=torch.float32).to(device, non_blocking=True)
         avg_factor = _mean_over_ranks(num_pos).clamp(min=1.0)  # (L,)
 
         # classification: one-hot targets at the matched (layer, sample, query, class), zeros elsewhere

@@ -14,19 +14,25 @@ import torch
 
 PcRange = Sequence[float]  # (x_min, y_min, z_min, x_max, y_max, z_max), metres, lidar frame
 
+# Constants enter as Python scalars, never as small tensors built from lists: on CUDA such a
+# host-to-device copy blocks the host until the stream is idle.
+
+
+def scale_xy(points: torch.Tensor, scale: tuple[float, float], offset: tuple[float, float] = (0.0, 0.0)
+             ) -> torch.Tensor:
+    """(x * sx + ox, y * sy + oy) on the last dimension."""
+    return torch.stack([points[..., 0] * scale[0] + offset[0], points[..., 1] * scale[1] + offset[1]], dim=-1)
+
 
 def normalize_points(points: torch.Tensor, pc_range: PcRange) -> torch.Tensor:
     """Metres -> [0, 1] over the x/y extent of ``pc_range`` (last dim is (x, y))."""
-    lo = points.new_tensor(pc_range[0:2])
-    size = points.new_tensor([pc_range[3] - pc_range[0], pc_range[4] - pc_range[1]])
-    return (points - lo) / size
+    sx, sy = pc_range[3] - pc_range[0], pc_range[4] - pc_range[1]
+    return scale_xy(points, (1.0 / sx, 1.0 / sy), (-pc_range[0] / sx, -pc_range[1] / sy))
 
 
 def denormalize_points(points: torch.Tensor, pc_range: PcRange) -> torch.Tensor:
     """[0, 1] -> metres (inverse of ``normalize_points``)."""
-    lo = points.new_tensor(pc_range[0:2])
-    size = points.new_tensor([pc_range[3] - pc_range[0], pc_range[4] - pc_range[1]])
-    return points * size + lo
+    return scale_xy(points, (pc_range[3] - pc_range[0], pc_range[4] - pc_range[1]), (pc_range[0], pc_range[1]))
 
 
 def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -59,10 +65,7 @@ def pillar_reference_points_3d(
     ``linspace(0.5, h - 0.5, Z) / h`` of the pillar height h in metres (for MapTR's 4 m pillar and
     Z = 4: -1.5, -0.5, 0.5, 1.5 m).
     """
-    xy = bev_reference_points_2d(bev_h, bev_w, device, dtype)  # (HW, 2)
-    lo = xy.new_tensor(pc_range[0:2])
-    size = xy.new_tensor([pc_range[3] - pc_range[0], pc_range[4] - pc_range[1]])
-    xy_m = xy * size + lo
+    xy_m = denormalize_points(bev_reference_points_2d(bev_h, bev_w, device, dtype), pc_range)  # (HW, 2)
     height = pc_range[5] - pc_range[2]
     fractions = torch.linspace(0.5, height - 0.5, num_points_in_pillar, device=device, dtype=dtype) / height
     zs = pc_range[2] + height * fractions
@@ -94,6 +97,6 @@ def project_to_cameras(
         cam = torch.einsum("bnij,qzj->bnqzi", lidar2img.float(), homo)
         depth = cam[..., 2:3]
         uv = cam[..., 0:2] / depth.clamp(min=eps)
-        uv = uv / uv.new_tensor([image_hw[1], image_hw[0]])
+        uv = scale_xy(uv, (1.0 / image_hw[1], 1.0 / image_hw[0]))
         visible = (depth[..., 0] > eps) & (uv > 0.0).all(-1) & (uv < 1.0).all(-1)
     return uv, visible

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from drivebench.models.maptr.geometry import scale_xy
+
 
 def kernel_offsets(kernel_hw: tuple[int, int], dilation: int = 1) -> torch.Tensor:
     """Integer (dx, dy) offsets of the kernel, (kh * kw, 2), dx-major as upstream builds them."""
@@ -37,8 +39,7 @@ def kernel_sample_indices(ref_uv: torch.Tensor, feat_hw: tuple[int, int], offset
         long (..., K): ``y * W_f + x`` after rounding and clamping (upstream's clip semantics).
     """
     h, w = feat_hw
-    scale = ref_uv.new_tensor([w, h])
-    pix = ref_uv[..., None, :] * scale + offsets.to(ref_uv.dtype)  # (..., K, 2)
+    pix = scale_xy(ref_uv, (float(w), float(h)))[..., None, :] + offsets.to(ref_uv.dtype)  # (..., K, 2)
     pix = pix.round().long()
     x = pix[..., 0].clamp(0, w - 1)
     y = pix[..., 1].clamp(0, h - 1)
@@ -132,6 +133,13 @@ class GeometrySpatialCrossAttention(nn.Module):
         self.attention = GeometryKernelAttention(embed_dims, num_heads, kernel_size)
         self.output_proj = nn.Linear(embed_dims, embed_dims)
         self.dropout = nn.Dropout(dropout)
+
+    def init_weights(self) -> None:
+        """Upstream's effective init: Xavier matrices (the transformer-wide Xavier pass runs after the
+        GKT's own zero init), zero biases."""
+        for lin in (self.attention.attention_weights, self.attention.value_proj, self.output_proj):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
 
     def forward(self, query: torch.Tensor, value: torch.Tensor, feat_hw: tuple[int, int], ref_uv: torch.Tensor,
                 visible: torch.Tensor) -> torch.Tensor:

@@ -8,18 +8,20 @@ decoder -> per instance: 3 class logits and 20 ordered points. Reads the camera 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 
 from drivebench.models.common.backbone import FPN, MultiViewImageEncoder, ResNetBackbone
+from drivebench.models.common.map_metrics import MAP_CLASSES
 from drivebench.models.maptr.bev_encoder import BEVEncoder
 from drivebench.models.maptr.decoder import MapDecoder
 from drivebench.models.maptr.geometry import denormalize_points
 from drivebench.models.maptr.grid_mask import GridMask
 
-MAP_CLASSES = ("divider", "ped_crossing", "boundary")
+__all__ = ["MAP_CLASSES", "MapTR"]
 
 
 class MapTR(nn.Module):
@@ -32,6 +34,8 @@ class MapTR(nn.Module):
         decoder_layers / decoder_heads / decoder_ffn / decoder_points: the map decoder.
         num_vec: instance queries; num_pts: points per instance; num_classes: map classes.
         grid_mask: GridMask augmentation of the images in training (upstream on).
+        head_fp32: run the BEV encoder and decoder in fp32 even under autocast, as upstream does
+            under its fp16 recipe (``force_fp32`` on the head; only the image backbone is half).
     """
 
     def __init__(
@@ -60,6 +64,7 @@ class MapTR(nn.Module):
         num_classes: int = 3,
         dropout: float = 0.1,
         grid_mask: bool = True,
+        head_fp32: bool = True,
     ) -> None:
         super().__init__()
         if len(pc_range) != 6:
@@ -67,6 +72,7 @@ class MapTR(nn.Module):
         self.pc_range = tuple(float(v) for v in pc_range)
         self.bev_hw = (int(bev_hw[0]), int(bev_hw[1]))
         self.num_vec, self.num_pts, self.num_classes = num_vec, num_pts, num_classes
+        self.head_fp32 = head_fp32
         resnet = ResNetBackbone(backbone, out_indices=(3,), frozen_stages=frozen_stages, norm_eval=norm_eval,
                                 weights=backbone_weights, width_div=width_div)
         self.image_encoder = MultiViewImageEncoder(resnet, FPN(resnet.out_channels, embed_dims))
@@ -109,9 +115,15 @@ class MapTR(nn.Module):
             raise ValueError(f"batch['img'] must be (B, N, 3, H, W), got shape {tuple(imgs.shape)}")
         image_hw = (int(imgs.shape[-2]), int(imgs.shape[-1]))
         feats = self.image_encoder(self.grid_mask(imgs))[0]
-        bev = self.bev_encoder(feats, batch["lidar2img"], image_hw, batch["can_bus"], prev_bev=prev_bev,
-                               prev_can_bus=prev_can_bus, prev_exists=batch.get("prev_exists"))
-        cls_logits, pts_norm = self.decoder(bev, self.bev_hw)
+        head_context = contextlib.nullcontext()
+        if self.head_fp32 and torch.is_autocast_enabled(imgs.device.type):
+            head_context = torch.autocast(device_type=imgs.device.type, enabled=False)
+            feats = feats.float()
+            prev_bev = prev_bev.float() if prev_bev is not None else None
+        with head_context:
+            bev = self.bev_encoder(feats, batch["lidar2img"], image_hw, batch["can_bus"], prev_bev=prev_bev,
+                                   prev_can_bus=prev_can_bus, prev_exists=batch.get("prev_exists"))
+            cls_logits, pts_norm = self.decoder(bev, self.bev_hw)
         return {
             "cls_logits": cls_logits,
             "pts_norm": pts_norm,

@@ -1,7 +1,7 @@
 """Random MapTR batches that follow ``docs/batch-contract.md``: for tests, benchmarks and
 ``--synthetic`` runs that need no dataset.
 
-The camera rig imitates nuScenes (six cameras around the car, 70 deg horizontal field of view,
+The camera rig imitates nuScenes (six cameras around the car, ~65 deg horizontal field of view,
 mounted 1.5 m high); the map ground truth is a few straight dividers, rectangular pedestrian
 crossings and curved boundaries inside the BEV range, resampled to 20 points with their
 equivalent orderings (polylines: forward and reverse; polygons: the cyclic shifts of the closed
