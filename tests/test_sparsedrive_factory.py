@@ -9,7 +9,18 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The SparseDrive tests run single-threaded: tiny ops on a shared 2-core machine are faster
+    without OpenMP barriers, and much faster when other processes compete for the cores."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
 
 CAM_YAWS = (0.0, -math.radians(55), math.radians(55), math.pi, math.radians(110), -math.radians(110))
 
@@ -112,3 +123,36 @@ def make_sequence(num_frames: int = 4, batch_size: int = 2, h: int = 64, w: int 
         )
         batches.append(batch)
     return batches
+
+
+def test_factory_cameras_see_what_lies_in_front_of_them() -> None:
+    l2i, intr, c2l = camera_matrices(64, 176)
+    for cam, yaw in enumerate(CAM_YAWS):
+        point = torch.tensor([0.5 + 10 * math.cos(yaw), 10 * math.sin(yaw), 0.3, 1.0])  # ahead of the lens
+        pix = l2i[cam] @ point
+        assert pix[2] > 0, f"camera {cam} sees its own forward point behind it"
+        u, v = (pix[:2] / pix[2]).tolist()
+        assert abs(u - 88) < 1 and abs(v - 32) < 1  # on the optical axis: the image centre
+        torch.testing.assert_close(c2l[cam] @ torch.linalg.inv(c2l[cam]), torch.eye(4))
+    behind = l2i[0] @ torch.tensor([-10.0, 0.0, 0.0, 1.0])
+    assert behind[2] < 0
+
+
+def test_factory_follows_the_batch_contract() -> None:
+    frames = make_sequence(2, batch_size=2)
+    b0, b1 = frames
+    assert b0["img"].shape == (2, 6, 3, 64, 176) and b0["lidar2img"].shape == (2, 6, 4, 4)
+    assert not b0["prev_exists"].any() and b1["prev_exists"].all()
+    assert b0["timestamp"].dtype == torch.float64
+    for boxes, labels, trajs, masks in zip(b0["gt_boxes_3d"], b0["gt_labels_3d"], b0["gt_agent_fut_trajs"],
+                                           b0["gt_agent_fut_masks"]):
+        assert boxes.shape[1] == 9 and labels.shape == boxes.shape[:1]
+        assert trajs.shape == (len(boxes), 12, 2) and masks.dtype == torch.bool
+    # agents move consistently: the next frame's centre = this centre + first future offset - ego motion
+    ego_step = (b1["ego2global"][:, 0, 3] - b0["ego2global"][:, 0, 3])
+    for i in range(2):
+        expected = b0["gt_boxes_3d"][i][:, :2] + b0["gt_agent_fut_trajs"][i][:, 0]
+        expected[:, 0] -= ego_step[i]
+        torch.testing.assert_close(b1["gt_boxes_3d"][i][:, :2], expected)
+    pts = b0["gt_map_pts"][0]
+    assert pts.shape[2:] == (20, 2) and (pts[:, 2:] == -10000).all()

@@ -124,13 +124,17 @@ class SparseInstanceHead(nn.Module):
         valid = ctx.valid[:, None, None]
         for i in range(self.num_layers):
             if i >= self.num_single_frame:
-                if temp_feature is None or temp_embed is None:
+                if n_temp == 0:  # a head without temporal instances: self attention, as upstream
                     feature = self.attend(self.temp_attn[i], feature, None, None, anchor_embed, None)
                 else:
-                    # slots that do not continue their sequence attend to their own current
-                    # temporal-slot queries instead of another sequence's cache
-                    key = torch.where(valid, temp_feature, feature[:, :n_temp])
-                    key_pos = torch.where(valid, temp_embed, anchor_embed[:, :n_temp])
+                    # A slot without history (first step, or prev_exists False) attends to its own
+                    # current temporal-slot queries; upstream self-attends on its very first step
+                    # and otherwise reads the stale cache of another sequence. This way a reset
+                    # slot computes exactly what a freshly started model computes.
+                    key, key_pos = feature[:, :n_temp], anchor_embed[:, :n_temp]
+                    if temp_feature is not None and temp_embed is not None:
+                        key = torch.where(valid, temp_feature, key)
+                        key_pos = torch.where(valid, temp_embed, key_pos)
                     feature = self.attend(self.temp_attn[i], feature, key, key, anchor_embed, key_pos)
             if not isinstance(self.self_attn[i], nn.Identity):
                 feature = self.attend(self.self_attn[i], feature, None, feature, anchor_embed, None)
