@@ -136,6 +136,7 @@ def test_grid_mask_only_in_training():
     assert 0 < (out == 0).float().mean() < 1
     assert (out[0, 0, 0] == out[1, 5, 2]).all()  # one mask for the whole batch
     assert torch.equal(mask.eval()(imgs), imgs)
+    assert torch.equal(GridMask(prob=0.0).train()(imgs), imgs)
 
 
 def test_decode_top_k_picks_highest_scoring_query_class_pairs():

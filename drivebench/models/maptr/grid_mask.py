@@ -2,20 +2,19 @@
 
 Upstream draws one mask per batch with numpy on the host, rotates it with PIL and copies it to the
 GPU. With MapTR's settings (``rotate=1`` draws angle 0, ``mode=1``, ``ratio=0.5``, ``prob=0.7``,
-no offset) the mask is a grid of horizontal and vertical stripes; here it is built on the device
-from a few host-drawn integers, so there is no host-to-device copy and no sync.
+no offset) the mask is a grid of horizontal and vertical stripes. Here every random draw is a
+device tensor and the mask is built on the device: no host-to-device copy, no sync, and no Python
+branch on random values (so ``torch.compile`` neither breaks the graph nor recompiles per draw).
 """
 
 from __future__ import annotations
-
-import random
 
 import torch
 from torch import nn
 
 
 class GridMask(nn.Module):
-    """Keep the stripes of a random grid, zero the squares between them (mode 1).
+    """Keep the stripes of a random grid, zero the squares between them (upstream mode 1).
 
     Args:
         prob: probability of masking a batch (training only).
@@ -29,22 +28,24 @@ class GridMask(nn.Module):
 
     def forward(self, imgs: torch.Tensor) -> torch.Tensor:
         """imgs: (..., H, W); the same mask for every image of the batch, as upstream."""
-        if not self.training or random.random() > self.prob:
-            return imgs
         h, w = imgs.shape[-2:]
-        if h < 3:
+        if not self.training or h < 3:
             return imgs
+        dev = imgs.device
+        period = torch.randint(2, h, (), device=dev)  # upstream: np.random.randint(2, h)
+        width = torch.minimum((period * self.ratio + 0.5).floor().long().clamp(min=1), period - 1)
+        start_h = (torch.rand((), device=dev) * period).floor().long()  # uniform in [0, period)
+        start_w = (torch.rand((), device=dev) * period).floor().long()
         hh, ww = int(1.5 * h), int(1.5 * w)
-        period = random.randint(2, h - 1)
-        width = min(max(int(period * self.ratio + 0.5), 1), period - 1)
-        start_h, start_w = random.randrange(period), random.randrange(period)
-        rows = self._stripes(hh, period, width, start_h, imgs.device)[(hh - h) // 2:(hh - h) // 2 + h]
-        cols = self._stripes(ww, period, width, start_w, imgs.device)[(ww - w) // 2:(ww - w) // 2 + w]
-        keep = (rows[:, None] | cols[None, :]).to(imgs.dtype)
-        return imgs * keep
+        rows = self._stripes(hh, period, width, start_h, dev)[(hh - h) // 2:(hh - h) // 2 + h]
+        cols = self._stripes(ww, period, width, start_w, dev)[(ww - w) // 2:(ww - w) // 2 + w]
+        skip = torch.rand((), device=dev) > self.prob
+        keep = rows[:, None] | cols[None, :] | skip
+        return imgs * keep.to(imgs.dtype)
 
     @staticmethod
-    def _stripes(length: int, period: int, width: int, start: int, device: torch.device) -> torch.Tensor:
+    def _stripes(length: int, period: torch.Tensor, width: torch.Tensor, start: torch.Tensor,
+                 device: torch.device) -> torch.Tensor:
         """bool (length,): True on [start + k*period, start + k*period + width) for k < length // period."""
         pos = torch.arange(length, device=device) - start
-        return (pos >= 0) & (pos % period < width) & (pos // period < length // period)
+        return (pos >= 0) & (pos % period < width) & (torch.div(pos, period, rounding_mode="floor") < length // period)
