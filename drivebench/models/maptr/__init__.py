@@ -25,20 +25,20 @@ SIZES: dict[str, dict[str, Any]] = {
     "tiny": {
         "backbone": "resnet50", "frozen_stages": 1, "norm_eval": True, "embed_dims": 256,
         "bev_hw": (200, 100), "pc_range": PC_RANGE, "encoder_ffn": 512, "tsa_heads": 8,
-        "decoder_layers": 6, "decoder_heads": 8, "decoder_ffn": 512, "num_vec": 50, "num_pts": 20,
-        "grid_mask": True,
+        "decoder_layers": 6, "decoder_heads": 8, "decoder_deform_heads": 8, "decoder_ffn": 512, "num_vec": 50,
+        "num_pts": 20, "grid_mask": True,
     },
     "nano": {
         "backbone": "resnet18", "frozen_stages": -1, "norm_eval": False, "embed_dims": 256,
         "bev_hw": (80, 40), "pc_range": PC_RANGE, "encoder_ffn": 512, "tsa_heads": 8,
-        "decoder_layers": 2, "decoder_heads": 4, "decoder_ffn": 512, "num_vec": 100, "num_pts": 20,
-        "grid_mask": True,
+        "decoder_layers": 2, "decoder_heads": 4, "decoder_deform_heads": 8, "decoder_ffn": 512, "num_vec": 100,
+        "num_pts": 20, "grid_mask": True,
     },
     "test": {
         "backbone": "resnet18", "width_div": 8, "frozen_stages": 1, "norm_eval": True, "embed_dims": 32,
         "bev_hw": (20, 10), "pc_range": PC_RANGE, "encoder_ffn": 64, "tsa_heads": 4,
-        "decoder_layers": 2, "decoder_heads": 4, "decoder_ffn": 64, "num_vec": 6, "num_pts": 20,
-        "grid_mask": False,
+        "decoder_layers": 2, "decoder_heads": 4, "decoder_deform_heads": 4, "decoder_ffn": 64, "num_vec": 6,
+        "num_pts": 20, "grid_mask": False,
     },
 }
 

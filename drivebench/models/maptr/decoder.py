@@ -23,12 +23,12 @@ class MapDecoderLayer(nn.Module):
     """MHSA -> norm -> deformable BEV attention -> norm -> FFN -> norm."""
 
     def __init__(self, embed_dims: int, num_heads: int, ffn_dims: int, num_points: int = 4,
-                 dropout: float = 0.1) -> None:
+                 dropout: float = 0.1, deform_heads: int = 8) -> None:
         super().__init__()
         self.self_attn = nn.MultiheadAttention(embed_dims, num_heads, dropout=dropout, batch_first=True)
         self.self_attn_drop = nn.Dropout(dropout)
         self.norm1 = nn.LayerNorm(embed_dims)
-        self.cross_attn = DeformableBEVAttention(embed_dims, num_heads, num_points, dropout)
+        self.cross_attn = DeformableBEVAttention(embed_dims, deform_heads, num_points, dropout)
         self.norm2 = nn.LayerNorm(embed_dims)
         self.ffn = FFN(embed_dims, ffn_dims, dropout)
         self.norm3 = nn.LayerNorm(embed_dims)
@@ -64,19 +64,23 @@ class MapDecoder(nn.Module):
     Args:
         embed_dims: C.
         num_layers: decoder layers (each with its own classification and regression branch).
+        num_heads: self-attention heads; deform_heads: heads of the deformable BEV attention
+            (upstream nano sets 4 for the former and keeps the default 8 for the latter).
         num_vec: instance queries; num_pts: point queries per instance.
         num_classes: map classes (sigmoid, no background logit).
     """
 
     def __init__(self, embed_dims: int, num_layers: int, num_heads: int, ffn_dims: int, num_vec: int,
-                 num_pts: int, num_classes: int, num_points: int = 4, dropout: float = 0.1) -> None:
+                 num_pts: int, num_classes: int, num_points: int = 4, dropout: float = 0.1,
+                 deform_heads: int = 8) -> None:
         super().__init__()
         self.embed_dims, self.num_vec, self.num_pts = embed_dims, num_vec, num_pts
         self.instance_embedding = nn.Embedding(num_vec, embed_dims * 2)
         self.pts_embedding = nn.Embedding(num_pts, embed_dims * 2)
         self.reference_points = nn.Linear(embed_dims, 2)
         self.layers = nn.ModuleList([
-            MapDecoderLayer(embed_dims, num_heads, ffn_dims, num_points, dropout) for _ in range(num_layers)
+            MapDecoderLayer(embed_dims, num_heads, ffn_dims, num_points, dropout, deform_heads)
+            for _ in range(num_layers)
         ])
         cls_branch = _classification_branch(embed_dims, num_classes)
         reg_branch = _regression_branch(embed_dims)

@@ -31,7 +31,8 @@ class MapTR(nn.Module):
         embed_dims: C; bev_hw: (bev_h, bev_w); pc_range: BEV extent in metres (lidar frame).
         encoder_layers / encoder_ffn / tsa_heads / tsa_points: the BEVFormer layer(s).
         num_points_in_pillar: z anchors (= GKT heads); gkt_kernel: integer window (kh, kw).
-        decoder_layers / decoder_heads / decoder_ffn / decoder_points: the map decoder.
+        decoder_layers / decoder_heads (self-attention) / decoder_deform_heads (BEV deformable
+            attention) / decoder_ffn / decoder_points: the map decoder.
         num_vec: instance queries; num_pts: points per instance; num_classes: map classes.
         grid_mask: GridMask augmentation of the images in training (upstream on).
         head_fp32: run the BEV encoder and decoder in fp32 even under autocast, as upstream does
@@ -59,6 +60,7 @@ class MapTR(nn.Module):
         decoder_heads: int = 8,
         decoder_ffn: int = 512,
         decoder_points: int = 4,
+        decoder_deform_heads: int = 8,
         num_vec: int = 50,
         num_pts: int = 20,
         num_classes: int = 3,
@@ -84,7 +86,7 @@ class MapTR(nn.Module):
             dropout=dropout,
         )
         self.decoder = MapDecoder(embed_dims, decoder_layers, decoder_heads, decoder_ffn, num_vec, num_pts,
-                                  num_classes, decoder_points, dropout)
+                                  num_classes, decoder_points, dropout, decoder_deform_heads)
         self.bev_encoder.init_weights()
         self.decoder.init_weights()
 
