@@ -1,0 +1,147 @@
+"""``NuScenesDataset``: info record -> ``results`` dict -> pipeline -> one sample.
+
+Randomness: ``results["rng"] = np.random.default_rng([seed, epoch, index])``, so a sample's
+augmentation depends on (seed, epoch, index) only -- not on the worker, the call order or how many
+workers there are. ``results["seq_rng"]`` is seeded by the sequence instead, for augmentations
+kept constant over a driving sequence (SparseDrive).
+
+Temporal batches: a batch sampler may yield ``(index, prev_exists)`` pairs; ``prev_exists`` says
+the previous key frame of the scene went through the same batch slot. A plain index means False.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from drivebench.data.nuscenes import CAMERAS
+from drivebench.data.nuscenes.errors import DataFileError
+from drivebench.data.nuscenes.infos import NAME_MAPPING, InfoIndex
+
+
+def record_to_results(record: dict, root: Path) -> dict:
+    """Everything a pipeline may need from one info record, as numpy arrays and absolute paths."""
+    root = Path(root)
+    cams = [record["images"][c] for c in CAMERAS]
+    cam2img = np.array([c["cam2img"] for c in cams], np.float64)
+    lidar2cam = np.array([c["lidar2cam"] for c in cams], np.float64)
+    k4 = np.tile(np.eye(4), (len(cams), 1, 1))
+    k4[:, :3, :3] = cam2img
+    lidar2ego = np.asarray(record["lidar_points"]["lidar2ego"], np.float64)
+    ego2global = np.asarray(record["ego2global"], np.float64)
+    insts = record["instances"]
+    n = len(insts)
+    names = np.array([NAME_MAPPING.get(i.get("category_name", ""), None) or _label_name(i) for i in insts], dtype=object)
+    occ = record.get("occ_path") or ""
+    return {
+        "token": record["token"],
+        "sample_idx": record["sample_idx"],
+        "scene_token": record.get("scene_token", ""),
+        "sequence_id": int(record.get("sequence_id", 0)),
+        "frame_idx": int(record.get("frame_idx", 0)),
+        "timestamp": float(record["timestamp"]),
+        "root": str(root),
+        "img_paths": [str(root / c["img_path"]) for c in cams],
+        "img_hw": [(int(c.get("height", 900)), int(c.get("width", 1600))) for c in cams],
+        "cam_intrinsic": cam2img,
+        "lidar2cam": lidar2cam,
+        "cam2lidar": np.linalg.inv(lidar2cam),
+        "lidar2img": k4 @ lidar2cam,
+        "lidar2ego": lidar2ego,
+        "ego2global": ego2global,
+        "lidar2global": ego2global @ lidar2ego,
+        "can_bus": np.asarray(record.get("can_bus", np.zeros(18)), np.float64),
+        "map_location": record.get("map_location", ""),
+        "lidar_path": str(root / record["lidar_points"]["lidar_path"]),
+        "sweeps": record.get("lidar_sweeps", []),
+        "occ_path": str(root / occ) if occ else "",
+        "gt_names": names,
+        "gt_bboxes": np.array([i["bbox_3d"] for i in insts], np.float64).reshape(n, 7),
+        "gt_velocity": np.array([i.get("velocity", [0.0, 0.0]) for i in insts], np.float64).reshape(n, 2),
+        "num_lidar_pts": np.array([i.get("num_lidar_pts", 0) for i in insts], np.int64),
+        "valid_flag": np.array([i.get("bbox_3d_isvalid", True) for i in insts], bool),
+        "instance_ids": np.array([i.get("instance_id", -1) for i in insts], np.int64),
+        "agent_fut_trajs": np.array([i.get("fut_trajs", np.zeros((12, 2))) for i in insts], np.float64).reshape(n, 12, 2),
+        "agent_fut_masks": np.array([i.get("fut_masks", np.zeros(12)) for i in insts], np.float64).reshape(n, 12),
+        "ego_fut_steps": record.get("gt_ego_fut_trajs", np.zeros((6, 2))),
+        "ego_fut_masks": record.get("gt_ego_fut_masks", np.zeros(6)),
+        "ego_fut_cmd": record.get("gt_ego_fut_cmd", [0.0, 0.0, 1.0]),
+        "ego_status_raw": record.get("ego_status", np.zeros(10)),
+    }
+
+
+_MMDET3D_CLASSES = ("car", "truck", "trailer", "bus", "construction_vehicle", "bicycle", "motorcycle", "pedestrian",
+                    "traffic_cone", "barrier")
+
+
+def _label_name(inst: dict) -> str:
+    """Detection name of an instance without ``category_name`` (infos from mmdet3d's converter)."""
+    label = inst.get("bbox_label_3d", -1)
+    return _MMDET3D_CLASSES[label] if 0 <= label < len(_MMDET3D_CLASSES) else "ignore"
+
+
+class NuScenesDataset(Dataset):
+    """Map-style dataset over info records; ``on_corrupt="skip"`` replaces a sample whose files are
+    missing or corrupt by the next good one and counts it in ``self.skipped`` (per process)."""
+
+    def __init__(
+        self,
+        infos: Sequence[dict] | InfoIndex,
+        pipeline: Sequence[Callable[[dict], dict]],
+        seed: int = 0,
+        root: str | Path | None = None,
+        on_corrupt: str = "fail",
+        max_skips: int = 16,
+    ) -> None:
+        if on_corrupt not in ("fail", "skip"):
+            raise ValueError(f"on_corrupt={on_corrupt!r} is not valid; choose fail or skip")
+        records = infos.records if isinstance(infos, InfoIndex) else list(infos)
+        if not records:
+            raise ValueError("NuScenesDataset got no info records: check the split name and the data root")
+        if root is None:
+            raise ValueError("NuScenesDataset needs root= (the nuScenes dataroot the info paths are relative to)")
+        self.records = records
+        self.pipeline = list(pipeline)
+        self.seed = int(seed)
+        self.root = Path(root)
+        self.on_corrupt = on_corrupt
+        self.max_skips = max_skips
+        self.epoch = 0
+        self.skipped: Counter = Counter()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def results_for(self, index: int, prev_exists: bool = False) -> dict:
+        rec = self.records[index]
+        results = record_to_results(rec, self.root)
+        results["rng"] = np.random.default_rng([self.seed, self.epoch, index])
+        results["seq_rng"] = np.random.default_rng([self.seed, self.epoch, results["sequence_id"], 1 << 20])
+        results["prev_exists"] = bool(prev_exists)
+        return results
+
+    def run(self, index: int, prev_exists: bool = False) -> dict:
+        results = self.results_for(index, prev_exists)
+        for t in self.pipeline:
+            results = t(results)
+        return results
+
+    def __getitem__(self, item) -> dict:
+        index, prev_exists = (item if isinstance(item, tuple) else (item, False))
+        index = int(index)
+        for attempt in range(self.max_skips + 1):
+            try:
+                return self.run((index + attempt) % len(self), prev_exists and attempt == 0)
+            except DataFileError as err:
+                if self.on_corrupt == "fail":
+                    raise
+                self.skipped[err.problem] += 1
+        raise RuntimeError(f"{self.max_skips + 1} samples in a row from index {index} have bad files; see the "
+                           f"errors counted in dataset.skipped: {dict(self.skipped)}")

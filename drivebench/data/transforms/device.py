@@ -1,0 +1,179 @@
+"""Image work on the device: JPEG decode (nvjpeg through torchvision on CUDA), photometric
+distortion, normalisation, resize and padding of (B, N, 3, H, W) batches.
+
+Equivalence with the CPU path: the photometric step replays the same per-view parameters
+(``photometric_params``, drawn on the CPU from the sample's rng) with the formulas of OpenCV's
+float32 BGR<->HSV conversion, so for the same uint8 input the normalised output matches the
+CPU path (cv2 + mmcv.imnormalize) to max |error| < 1e-3 (tested; the differences are float32
+rounding-order effects). Channel order on the device is BGR, as cv2 decodes; JPEG decode
+output (RGB) is flipped to BGR so both paths share one code path.
+
+No host syncs: every on/off flag is applied arithmetically (``torch.where``), never branched on.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+FLT_EPSILON = 1.1920928955078125e-07
+# OpenCV HSV->RGB sector table: which of (v, p, q, t) goes to (b, g, r)
+_SECTOR = torch.tensor([[1, 3, 0], [1, 0, 2], [3, 0, 1], [0, 2, 1], [0, 1, 3], [2, 1, 0]])
+
+
+def bgr_to_hsv(x: torch.Tensor) -> torch.Tensor:
+    """(..., 3, H, W) float BGR -> HSV with H in [0, 360), as cv2.cvtColor(float32, COLOR_BGR2HSV)."""
+    b, g, r = x.unbind(-3)
+    v = torch.maximum(torch.maximum(b, g), r)
+    vmin = torch.minimum(torch.minimum(b, g), r)
+    diff = v - vmin
+    s = diff / (v.abs() + FLT_EPSILON)
+    d = 60.0 / (diff + FLT_EPSILON)
+    h = torch.where(v == r, (g - b) * d, torch.where(v == g, (b - r) * d + 120.0, (r - g) * d + 240.0))
+    h = torch.where(h < 0, h + 360.0, h)
+    return torch.stack([h, s, v], dim=-3)
+
+
+def hsv_to_bgr(x: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``bgr_to_hsv``, as cv2.cvtColor(float32, COLOR_HSV2BGR)."""
+    h, s, v = x.unbind(-3)
+    h6 = h * (6.0 / 360.0)
+    h6 = h6 - 6.0 * torch.floor(h6 / 6.0)
+    sector = torch.floor(h6)
+    f = h6 - sector
+    bad = (sector < 0) | (sector >= 6)
+    sector = torch.where(bad, torch.zeros_like(sector), sector).long()
+    f = torch.where(bad, torch.zeros_like(f), f)
+    tab = torch.stack([v, v * (1.0 - s), v * (1.0 - s * f), v * (1.0 - s + s * f)], dim=-3)  # (..., 4, H, W)
+    idx = _SECTOR.to(x.device)[sector]  # (..., H, W, 3)
+    idx = idx.movedim(-1, -3)  # (..., 3, H, W)
+    return torch.gather(tab, -3, idx)
+
+
+def photometric(x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """(B, N, 3, H, W) float32 BGR in [0, 255] with (B, N, 13) parameters (see transforms.photometric)."""
+    p = params.to(device=x.device, dtype=x.dtype)[..., None, None, None]  # (B, N, 13, 1, 1, 1)
+    on = lambda k: p[:, :, k] != 0  # noqa: E731
+    x = torch.where(on(0), x + p[:, :, 1], x)
+    contrast_first = (p[:, :, 2] == 1) & on(3)
+    x = torch.where(contrast_first, x * p[:, :, 4], x)
+    hsv = bgr_to_hsv(x)
+    hch, sch, vch = hsv.unbind(-3)
+    sch = torch.where(on(5)[..., 0, :, :], sch * p[:, :, 6, 0], sch)
+    hue = torch.where(on(7)[..., 0, :, :], hch + p[:, :, 8, 0], hch)
+    hue = torch.where(hue > 360, hue - 360, hue)
+    hue = torch.where(hue < 0, hue + 360, hue)
+    x = hsv_to_bgr(torch.stack([hue, sch, vch], dim=-3))
+    contrast_last = (p[:, :, 2] == 0) & on(3)
+    x = torch.where(contrast_last, x * p[:, :, 4], x)
+    perm = params[..., 10:13].to(device=x.device).long()  # (B, N, 3)
+    swapped = torch.gather(x, 2, perm[..., None, None].expand_as(x))
+    return torch.where(on(9), swapped, x)
+
+
+def normalize(x: torch.Tensor, mean, std, to_rgb: bool = True) -> torch.Tensor:
+    """mmcv.imnormalize on (..., 3, H, W) BGR: optional BGR->RGB, minus mean, times 1/std."""
+    if to_rgb:
+        x = x.flip(-3)
+    mean_t = torch.as_tensor(mean, dtype=torch.float64, device=x.device).view(3, 1, 1)
+    stdinv = (1.0 / torch.as_tensor(std, dtype=torch.float64, device=x.device)).view(3, 1, 1)
+    return (x - mean_t.to(x.dtype)) * stdinv.to(x.dtype)
+
+
+def decode_jpeg_batch(jpegs: list[list[torch.Tensor]], device: torch.device | str) -> torch.Tensor:
+    """B lists of N JPEG byte tensors -> (B, N, 3, H, W) uint8 BGR; batched nvjpeg on CUDA."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    flat = [t if t.dtype == torch.uint8 else t.to(torch.uint8) for views in jpegs for t in views]
+    device = torch.device(device)
+    decoded = decode_jpeg(flat, mode=ImageReadMode.RGB, device=device) if device.type == "cuda" else [
+        decode_jpeg(t, mode=ImageReadMode.RGB) for t in flat]
+    shapes = {tuple(d.shape) for d in decoded}
+    if len(shapes) > 1:
+        raise ValueError(f"JPEGs of one batch decode to different sizes {sorted(shapes)}; device decode needs one size")
+    x = torch.stack(decoded).flip(-3)  # RGB -> BGR
+    return x.view(len(jpegs), len(jpegs[0]), *x.shape[1:])
+
+
+def warp_affine(x: torch.Tensor, matrices: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
+    """Resample (B, N, C, H, W) so output pixel p shows input pixel A^-1 p (A: (B, N, 3, 3) pixel
+    transforms, as ``img_aug_matrix``); bilinear, zeros outside. Pixel centres at integer coords."""
+    b, n, c, h, w = x.shape
+    oh, ow = out_hw
+    inv = torch.linalg.inv(matrices.to(device=x.device, dtype=torch.float32)).view(b * n, 3, 3)
+    ys, xs = torch.meshgrid(torch.arange(oh, device=x.device, dtype=torch.float32),
+                            torch.arange(ow, device=x.device, dtype=torch.float32), indexing="ij")
+    pix = torch.stack([xs, ys, torch.ones_like(xs)], -1).view(1, -1, 3)
+    src = pix @ inv.transpose(1, 2)  # (BN, P, 3)
+    gx = src[..., 0] / (w - 1) * 2 - 1 if w > 1 else src[..., 0] * 0
+    gy = src[..., 1] / (h - 1) * 2 - 1 if h > 1 else src[..., 1] * 0
+    grid = torch.stack([gx, gy], -1).view(b * n, oh, ow, 2)
+    out = F.grid_sample(x.reshape(b * n, c, h, w).float(), grid, mode="bilinear", padding_mode="zeros",
+                        align_corners=True)
+    return out.view(b, n, c, oh, ow)
+
+
+class DeviceImageTransform:
+    """Batch-level image pipeline for the device; reads ``img_jpeg`` or ``img_uint8`` and writes ``img``.
+
+    Order (faithful to the CPU recipes): decode -> [warp] -> photometric -> normalise -> [scale] ->
+    [pad]. ``scale_before_photometric`` moves the resize right after decode: cheaper, but not the
+    upstream order (the photometric step is non-linear), so it changes the math slightly.
+    """
+
+    def __init__(
+        self,
+        mean=(123.675, 116.28, 103.53),
+        std=(58.395, 57.12, 57.375),
+        to_rgb: bool = True,
+        photometric: bool = True,
+        scale: float | None = None,
+        pad_divisor: int | None = None,
+        warp_to: tuple[int, int] | None = None,
+        scale_before_photometric: bool = False,
+    ) -> None:
+        self.mean, self.std, self.to_rgb = tuple(mean), tuple(std), to_rgb
+        self.photometric = photometric
+        self.scale = scale
+        self.pad_divisor = pad_divisor
+        self.warp_to = tuple(warp_to) if warp_to else None
+        self.scale_before_photometric = scale_before_photometric
+
+    def _scale(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c, h, w = x.shape
+        oh, ow = int(h * self.scale), int(w * self.scale)
+        y = F.interpolate(x.reshape(b * n, c, h, w), size=(oh, ow), mode="bilinear", align_corners=False)
+        return y.view(b, n, c, oh, ow)
+
+    def __call__(self, batch: dict, device: torch.device | str | None = None) -> dict:
+        if "img_jpeg" in batch:
+            dev = device or (batch["lidar2img"].device if "lidar2img" in batch else "cpu")
+            raw = decode_jpeg_batch(batch.pop("img_jpeg"), dev)
+        elif "img_uint8" in batch:
+            raw = batch.pop("img_uint8")
+            if device is not None:
+                raw = raw.to(device, non_blocking=True)
+        else:
+            raise KeyError("DeviceImageTransform needs img_jpeg or img_uint8 in the batch")
+        x = raw.float()
+        if self.warp_to is not None:
+            x = warp_affine(x, batch.pop("img_aug_matrix"), self.warp_to)
+        if self.scale is not None and self.scale_before_photometric:
+            x = self._scale(x)
+        params = batch.pop("photometric_params", None)
+        if self.photometric:
+            if params is None:
+                raise KeyError("photometric_params missing: keep PhotoMetricDistortionMultiView(apply=False) in the "
+                               "CPU pipeline so the parameters are drawn per sample")
+            x = photometric(x, params)
+        x = normalize(x, self.mean, self.std, self.to_rgb)
+        if self.scale is not None and not self.scale_before_photometric:
+            x = self._scale(x)
+        if self.pad_divisor:
+            d = self.pad_divisor
+            h, w = x.shape[-2:]
+            x = F.pad(x, (0, math.ceil(w / d) * d - w, 0, math.ceil(h / d) * d - h))
+        batch["img"] = x.contiguous()
+        return batch
