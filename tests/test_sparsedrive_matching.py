@@ -143,3 +143,22 @@ def test_planning_loss_reads_only_the_commanded_modes(criterion) -> None:
     steps = torch.diff(batch["gt_ego_fut_trajs"], dim=1, prepend=torch.zeros(1, 1, 2))
     exact[0, 0, 8] = steps[0]
     assert float(plan_losses(exact, plan_cls)["plan_reg"]) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_denoiser_builds_positive_and_negative_copies_per_group() -> None:
+    from drivebench.models.sparsedrive.denoising import BoxDenoiser, denoising_attention_mask
+
+    boxes = [torch.tensor([[10.0, 0.0, -1.0, 2.0, 4.0, 1.5, 0.0, 1.0, 0.0]]), torch.zeros(0, 9)]
+    labels = [torch.tensor([3]), torch.zeros(0, dtype=torch.long)]
+    q = BoxDenoiser(num_groups=3, num_classes=10)(labels, boxes, torch.device("cpu"))
+    assert q.anchor.shape == (2, 3 * 2, 11) and q.group_size == 2 and q.num_valid == 6
+    assert q.cls_target[0].tolist() == [3, 10] * 3 and (q.cls_target[1] == -1).all()
+    target = encode_boxes(boxes[0][0])
+    scale = torch.tensor([2.0] * 3 + [0.5] * 7)
+    pos, neg = q.anchor[0, 0::2, :10], q.anchor[0, 1::2, :10]
+    assert ((pos - target).abs() <= scale).all()
+    assert ((neg - target).abs() >= scale).all() and ((neg - target).abs() <= 2 * scale).all()
+    assert (q.box_weight[0, 1::2] == 0).all() and (q.box_weight[0, 0::2] == 1).all()
+    mask = denoising_attention_mask(2, 4, 2, torch.device("cpu"))
+    assert mask[:2, :2].all() and not mask[:2, 2:].any() and not mask[2:, :2].any()
+    assert mask[2:4, 2:4].all() and not mask[2:4, 4:].any()

@@ -106,3 +106,30 @@ def test_losses_fall_on_a_short_fixed_sequence() -> None:
     assert last["loss"] < 0.8 * first["loss"]
     for term in ("det_cls", "det_box", "map_cls", "map_line", "motion_reg", "plan_reg", "plan_status", "depth"):
         assert last[term] < first[term], f"{term} did not fall: {first[term]:.4f} -> {last[term]:.4f}"
+
+
+def test_denoising_queries_train_without_disturbing_the_learned_queries() -> None:
+    frames = make_sequence(2, batch_size=2)
+    plain = _test_model(grid_mask=False)
+    noisy = _test_model(grid_mask=False, num_dn_groups=2)
+    noisy.load_state_dict(plain.state_dict())
+    for net in (plain, noisy):
+        net.train()
+        for head in (net.det_head, net.map_head):
+            for dfa in head.dfa:
+                dfa.attn_drop = 0.0  # no randomness besides the noise of the noisy queries
+    outs = []
+    for net in (plain, noisy):
+        net(frames[0])
+        outs.append(net(frames[1]))
+    for a, b in zip(outs[0].det.prediction, outs[1].det.prediction):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    dn = outs[1].det.dn
+    n_gt = max(len(x) for x in frames[1]["gt_boxes_3d"])
+    assert dn is not None and dn.prediction[-1].shape == (2, 2 * 2 * n_gt, 11)
+    losses = noisy.criterion(frames[1], outs[1])
+    assert {"det_dn_cls", "det_dn_box"} <= set(losses) and torch.isfinite(losses["loss"])
+    losses["loss"].backward()
+    noisy.eval()
+    with torch.no_grad():
+        assert noisy(frames[1]).det.dn is None  # denoising is a training-time device only

@@ -53,7 +53,8 @@ class ResidualAttention(nn.Module):
 
     ``query + query_pos`` attends to ``key + key_pos``; ``value`` defaults to the key before its
     positional term and the output is ``query + dropout(attn)``. With ``key=None`` it is
-    self-attention. ``key_valid`` (B, S) masks keys out (True = attend).
+    self-attention. ``key_valid`` (B, S) masks keys out and ``attn_mask`` (Nq, S) masks query-key
+    pairs (True = attend; both may be given).
     """
 
     def __init__(self, dims: int, num_heads: int, dropout: float = 0.0) -> None:
@@ -76,6 +77,7 @@ class ResidualAttention(nn.Module):
         query_pos: torch.Tensor | None = None,
         key_pos: torch.Tensor | None = None,
         key_valid: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if key is None:
             key = query
@@ -96,6 +98,8 @@ class ResidualAttention(nn.Module):
         k = F.linear(key, w_k, b_k).view(b, key.shape[1], heads, hd).transpose(1, 2)
         v = F.linear(value, w_v, b_v).view(b, value.shape[1], heads, hd).transpose(1, 2)
         mask = None if key_valid is None else key_valid[:, None, None, :]
+        if attn_mask is not None:
+            mask = attn_mask if mask is None else mask & attn_mask
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                              dropout_p=self.dropout if self.training else 0.0)
         out = self.out_proj(out.transpose(1, 2).reshape(b, nq, self.dims))

@@ -188,7 +188,29 @@ class SparseDriveCriterion:
         for name, values in terms.items():
             if values:
                 losses[name] = torch.stack(values).sum()
+        if out.det.dn is not None:
+            self.denoising(out, reg_dim_weights, losses)
         return targets, assignment
+
+    def denoising(self, out: "SparseDriveOutput", reg_dim_weights: torch.Tensor, losses: dict[str, torch.Tensor]) -> None:
+        """Noisy queries: focal classification (positives -> their class, negatives -> background)
+        and box L1 of the positives, per valid noisy query, with the detection weights."""
+        assert out.det.dn is not None
+        dn = out.det.dn
+        q = dn.queries
+        num_valid = positive_count(q.num_valid, q.anchor.device)
+        valid = (q.cls_target >= 0).float()
+        n_cls = dn.classification[0].shape[-1]
+        one_hot = _one_hot(q.cls_target.clamp(min=0), n_cls)
+        cls_terms, box_terms = [], []
+        for cls, pred in zip(dn.classification, dn.prediction):
+            cls_loss = sigmoid_focal_loss(cls.float().flatten(0, 1), one_hot.flatten(0, 1), weight=valid.flatten()[:, None],
+                                          reduction="sum")
+            cls_terms.append(self.det_cls_weight * cls_loss / num_valid)
+            err = (pred[..., :REG_DIMS].float() - q.box_target).abs() * q.box_weight * reg_dim_weights
+            box_terms.append(self.det_box_weight * err.sum() / num_valid)
+        losses["det_dn_cls"] = torch.stack(cls_terms).sum()
+        losses["det_dn_box"] = torch.stack(box_terms).sum()
 
     def _reverse_yaw_where_allowed(self, box_target: torch.Tensor, pred: torch.Tensor, cls_target: torch.Tensor) -> torch.Tensor:
         """Barriers have no front: flip the target heading when it is closer to the prediction reversed."""

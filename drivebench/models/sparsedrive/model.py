@@ -23,6 +23,7 @@ from drivebench.models.sparsedrive.anchors import (
 )
 from drivebench.models.sparsedrive.blocks import DenseDepthNet, GridMask
 from drivebench.models.sparsedrive.boxes import lidar_to_global, rigid_inverse
+from drivebench.models.sparsedrive.denoising import BoxDenoiser
 from drivebench.models.sparsedrive.instance_bank import TemporalContext
 from drivebench.models.sparsedrive.motion import MotionPlanningHead, MotionPlanOutput
 from drivebench.models.sparsedrive.sparse_head import HeadOutput, build_detection_head, build_map_head
@@ -88,6 +89,7 @@ class SparseDrive(nn.Module):
         map_anchors: str | None = None,
         motion_anchors: str | None = None,
         plan_anchors: str | None = None,
+        num_dn_groups: int = 0,
         num_det_classes: int = len(DETECTION_CLASSES),
         num_map_classes: int = len(MAP_CLASSES),
         loss: Mapping[str, Any] | None = None,
@@ -118,6 +120,7 @@ class SparseDrive(nn.Module):
             map_anchor_init, dims, num_map_classes, num_map_temp, num_layers, num_single_frame, num_heads, num_groups,
             num_levels, num_cams, num_map_sample, num_map_learnable_pts, tuple(map_fix_height),
             confidence_decay=confidence_decay, dropout=dropout)
+        self.denoiser = BoxDenoiser(num_dn_groups, num_det_classes) if num_dn_groups > 0 else None
         self.motion_head: MotionPlanningHead | None = None
         if stage == 2:
             motion_init = load_or_default(motion_anchors, default_motion_anchors(num_det_classes, fut_mode, fut_ts), "motion")
@@ -203,7 +206,10 @@ class SparseDrive(nn.Module):
         if self.training and self.depth_net is not None and "gt_depth" in batch:
             depth = self.depth_net(feature_maps, batch["cam_intrinsic"][..., 0, 0])
 
-        det = self.det_head(feature_maps, lidar2img, image_wh, ctx)
+        dn = None
+        if self.training and self.denoiser is not None and "gt_boxes_3d" in batch:
+            dn = self.denoiser(list(batch["gt_labels_3d"]), list(batch["gt_boxes_3d"]), img.device)
+        det = self.det_head(feature_maps, lidar2img, image_wh, ctx, dn)
         map_out = self.map_head(feature_maps, lidar2img, image_wh, ctx)
         motion = None
         if self.motion_head is not None:

@@ -28,6 +28,7 @@ from drivebench.models.sparsedrive.blocks import (
     linear_relu_ln,
 )
 from drivebench.models.sparsedrive.boxes import COS_YAW, H, SIN_YAW, VX, X, Z, project_box_anchors, project_points_2d
+from drivebench.models.sparsedrive.denoising import DenoisingOutput, DenoisingQueries, denoising_attention_mask
 from drivebench.models.sparsedrive.instance_bank import InstanceBank, TemporalContext
 
 
@@ -41,6 +42,7 @@ class HeadOutput:
     instance_feature: torch.Tensor | None = None  # (B, Q, C) after the last layer
     anchor_embed: torch.Tensor | None = None  # (B, Q, C)
     instance_id: torch.Tensor | None = None  # (B, Q) track ids (detection head in stage 2)
+    dn: DenoisingOutput | None = None  # predictions of the noisy queries (training with denoising)
 
 
 class SparseInstanceHead(nn.Module):
@@ -102,21 +104,28 @@ class SparseInstanceHead(nn.Module):
         self.bank.reset_state()
 
     def attend(self, layer: nn.Module, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
-               query_pos: torch.Tensor, key_pos: torch.Tensor | None) -> torch.Tensor:
+               query_pos: torch.Tensor, key_pos: torch.Tensor | None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Attention with decoupled content/position (512-d q/pos concat) when ``decouple_attn``."""
         if not self.decouple_attn:
-            return layer(query, key, value, query_pos, key_pos)
+            return layer(query, key, value, query_pos, key_pos, attn_mask=attn_mask)
         query = torch.cat([query, query_pos], dim=-1)
         if key is not None and key_pos is not None:
             key = torch.cat([key, key_pos], dim=-1)
         if value is not None:
             value = self.fc_before(value)
-        return self.fc_after(layer(query, key, value))
+        return self.fc_after(layer(query, key, value, attn_mask=attn_mask))
 
     def forward(self, feature_maps: list[torch.Tensor], lidar2img: torch.Tensor, image_wh: torch.Tensor,
-                ctx: TemporalContext) -> HeadOutput:
+                ctx: TemporalContext, dn: DenoisingQueries | None = None) -> HeadOutput:
+        """``dn``: noisy ground-truth queries appended after the learned ones (training only)."""
         b = feature_maps[0].shape[0]
         feature, anchor, temp_feature, temp_anchor = self.bank.get(b, ctx)
+        n_query = feature.shape[1]
+        self_mask = None
+        if dn is not None:
+            anchor = torch.cat([anchor, dn.anchor.to(anchor.dtype)], dim=1)
+            feature = torch.cat([feature, feature.new_zeros(b, dn.anchor.shape[1], feature.shape[-1])], dim=1)
+            self_mask = denoising_attention_mask(n_query, dn.anchor.shape[1], dn.group_size, feature.device)
         anchor_embed = self.anchor_encoder(anchor)
         temp_embed = self.anchor_encoder(temp_anchor) if temp_anchor is not None else None
         out = HeadOutput()
@@ -125,7 +134,7 @@ class SparseInstanceHead(nn.Module):
         for i in range(self.num_layers):
             if i >= self.num_single_frame:
                 if n_temp == 0:  # a head without temporal instances: self attention, as upstream
-                    feature = self.attend(self.temp_attn[i], feature, None, None, anchor_embed, None)
+                    feature = self.attend(self.temp_attn[i], feature, None, None, anchor_embed, None, self_mask)
                 else:
                     # A slot without history (first step, or prev_exists False) attends to its own
                     # current temporal-slot queries; upstream self-attends on its very first step
@@ -137,7 +146,7 @@ class SparseInstanceHead(nn.Module):
                         key_pos = torch.where(valid, temp_embed, key_pos)
                     feature = self.attend(self.temp_attn[i], feature, key, key, anchor_embed, key_pos)
             if not isinstance(self.self_attn[i], nn.Identity):
-                feature = self.attend(self.self_attn[i], feature, None, feature, anchor_embed, None)
+                feature = self.attend(self.self_attn[i], feature, None, feature, anchor_embed, None, self_mask)
                 feature = self.attn_norm[i](feature)
             feature = self.dfa[i](feature, anchor, anchor_embed, feature_maps, lidar2img, image_wh)
             feature = self.ffn_norm[i](self.ffn[i](feature))
@@ -146,13 +155,22 @@ class SparseInstanceHead(nn.Module):
             out.classification.append(cls)
             out.quality.append(quality)
             if i + 1 == self.num_single_frame:
-                feature, anchor = self.bank.update(feature, anchor, cls, temp_feature, temp_anchor, ctx.valid)
+                merged_feat, merged_anchor = self.bank.update(feature[:, :n_query], anchor[:, :n_query],
+                                                              cls[:, :n_query], temp_feature, temp_anchor, ctx.valid)
+                feature = torch.cat([merged_feat, feature[:, n_query:]], dim=1)
+                anchor = torch.cat([merged_anchor, anchor[:, n_query:]], dim=1)
             anchor_embed = self.anchor_encoder(anchor)
             if i + 1 > self.num_single_frame and temp_embed is not None:
                 temp_embed = anchor_embed[:, :n_temp]
-        out.instance_feature = feature
-        out.anchor_embed = anchor_embed
-        out.instance_id = self.bank.cache(feature, anchor, out.classification[-1])
+        if dn is not None:
+            out.dn = DenoisingOutput([c[:, n_query:] for c in out.classification],
+                                     [p[:, n_query:] for p in out.prediction], dn)
+            out.classification = [c[:, :n_query] for c in out.classification]
+            out.prediction = [p[:, :n_query] for p in out.prediction]
+            out.quality = [q[:, :n_query] if q is not None else None for q in out.quality]
+        out.instance_feature = feature[:, :n_query]
+        out.anchor_embed = anchor_embed[:, :n_query]
+        out.instance_id = self.bank.cache(out.instance_feature, anchor[:, :n_query], out.classification[-1])
         return out
 
 
