@@ -70,3 +70,159 @@ def make_batch(batch_size: int = 2, image_hw: tuple[int, int] = (64, 96), grid_s
         "occ_label": labels,
         "occ_mask": torch.ones_like(labels, dtype=torch.bool),
     }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """Tiny tensors gain nothing from intra-op threads, and on a shared 2-core box the thread pool's
+    barriers under contention make each step ~10x slower; restore the setting afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    torch.manual_seed(0)
+    return create_model("gaussianformer", "test")
+
+
+def test_registry_sizes_and_metadata():
+    spec = get_spec("gaussianformer")
+    assert spec.default_size == "gs25600"
+    assert set(spec.sizes) >= {"gs25600", "gs144000", "test"}
+    for size in ("gs25600", "gs144000"):
+        cfg = spec.sizes[size]
+        assert cfg["image_size"] == (864, 1600)
+        assert cfg["grid_shape"] == (200, 200, 16) and cfg["voxel_size"] == 0.5 and cfg["num_classes"] == 18
+    assert spec.meta["task"] == "occupancy"
+    with pytest.raises(ValueError, match="not a size"):
+        create_model("gaussianformer", "gs1")
+
+
+@pytest.mark.parametrize("size, low, high", [("gs25600", 56.8e6, 57.3e6), ("gs144000", 75.2e6, 75.7e6)])
+def test_paper_sizes_parameter_counts(size, low, high):
+    """models.md: ~57.0M and ~75.5M with R101-DCN (frozen BN here are buffers: ~0.1M fewer)."""
+    with torch.device("meta"):
+        net = create_model("gaussianformer", size)
+    total = sum(p.numel() for p in net.parameters())
+    assert low < total < high, total
+    assert not net.lifter.instance_feature.requires_grad  # frozen, as upstream
+
+
+def test_forward_contract_batch_of_two(tiny_model):
+    batch = make_batch(2)
+    tiny_model.train()
+    out = tiny_model(batch)
+    grid = tiny_model.grid.shape
+    assert len(out["occ_logits"]) == len(tiny_model.blocks)  # loss_layers="all" in the test size
+    for logits in out["occ_logits"]:
+        assert logits.shape == (2, 18, *grid) and torch.isfinite(logits).all()
+    assert out["occ_pred"].shape == (2, *grid) and out["occ_pred"].dtype == torch.long
+    last = out["gaussians"][-1]
+    lo, hi = torch.tensor(tiny_model.grid.lower), torch.tensor(tiny_model.grid.upper)
+    assert ((last.means >= lo) & (last.means <= hi)).all()
+    assert last.means.shape == (2, 200, 3) and last.semantics.shape == (2, 200, 17)
+    tiny_model.eval()
+    with torch.no_grad():
+        assert len(tiny_model(batch)["occ_logits"]) == 1  # eval: last layer only
+
+
+def test_samples_of_a_batch_do_not_interact(tiny_model):
+    tiny_model.eval()
+    batch = make_batch(2, seed=5)
+    batch["img"][1] = torch.randn_like(batch["img"][1])
+    single = {k: (v[:1] if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+    with torch.no_grad():
+        both = tiny_model(batch)["occ_logits"][-1]
+        alone = tiny_model(single)["occ_logits"][-1]
+    torch.testing.assert_close(both[:1], alone, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(both[0], both[1])
+
+
+def test_every_trainable_parameter_gets_a_gradient(tiny_model):
+    """All trainable parameters are in the graph; with upstream's zero-initialised attention weights
+    (``weights_fc``) randomised, every gradient is non-zero too, except block 1's learnable keypoint
+    weight, whose input is the frozen all-zero instance feature (as upstream)."""
+    from drivebench.models.gaussianformer.losses import OccupancyLoss
+
+    saved = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    for block in tiny_model.blocks:
+        torch.nn.init.normal_(block.aggregation.weights_fc.weight, std=0.1)
+    tiny_model.train()
+    tiny_model.zero_grad(set_to_none=True)
+    batch = make_batch(2, seed=1)
+    out = tiny_model(batch)
+    OccupancyLoss()(out["occ_logits"], batch["occ_label"], batch["occ_mask"])["loss"].backward()
+    trainable = {n: p for n, p in tiny_model.named_parameters() if p.requires_grad}
+    assert not [n for n, p in trainable.items() if p.grad is None]
+    assert all(torch.isfinite(p.grad).all() for p in trainable.values())
+    zero = {n for n, p in trainable.items() if p.grad.abs().sum() == 0}
+    assert zero == {"blocks.0.aggregation.keypoints.learnable_fc.weight"}, zero
+    frozen = [n for n, p in tiny_model.named_parameters() if not p.requires_grad]
+    assert "lifter.instance_feature" in frozen and any(n.startswith("image_encoder.backbone.stem") for n in frozen)
+    tiny_model.load_state_dict(saved)
+    tiny_model.zero_grad(set_to_none=True)
+
+
+def test_baseline_variant_without_opacity_and_empty_gaussian():
+    """gs144000's head layout: 18 raw semantics, no opacity, no empty Gaussian, all layers supervised."""
+    net = create_model("gaussianformer", "test", include_opacity=False, semantics_activation="identity",
+                       with_empty=False, sparse_out_proj=False, num_gaussians=64)
+    out = net(make_batch(1))
+    assert out["gaussians"][0].opacities.shape[-1] == 0 and out["gaussians"][0].semantics.shape[-1] == 18
+    sum(o.sum() for o in out["occ_logits"]).backward()
+    assert net.lifter.anchor.grad is not None
+
+
+def test_tiny_model_overfits_a_fixed_batch():
+    from drivebench.models.gaussianformer.losses import OccupancyLoss
+
+    torch.manual_seed(0)
+    net = create_model("gaussianformer", "test")
+    batch = make_batch(1, seed=2)
+    crit = OccupancyLoss()
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01)
+    losses = []
+    steps = 15
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = crit(net(batch)["occ_logits"], batch["occ_label"], batch["occ_mask"])["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    print(f"test size: {(time.perf_counter() - start) / steps:.3f} s per training step (batch 1)")
+    assert all(math.isfinite(v) for v in losses)
+    assert sum(losses[-3:]) / 3 < 0.75 * sum(losses[:3]) / 3, losses
+
+
+def test_lightning_module_loss_metrics_and_param_groups(tiny_model):
+    from functools import partial
+
+    from drivebench.lit.gaussianformer import GaussianFormerModule
+
+    module = GaussianFormerModule(tiny_model, optimizer=partial(torch.optim.AdamW, lr=2e-4, weight_decay=0.01))
+    batch = make_batch(2, seed=3)
+    tiny_model.train()
+    losses = module.compute_loss(batch, module(batch))
+    assert {"loss", "loss_ce", "loss_lovasz"} <= set(losses) and losses["loss"].requires_grad
+    assert module.batch_size(batch) == 2
+
+    tiny_model.eval()
+    module.reset_metrics()
+    with torch.no_grad():
+        module.update_metrics(batch, module(batch))
+    metrics = module.compute_metrics()
+    assert 0.0 <= metrics["miou"] <= 100.0 and 0.0 <= metrics["iou"] <= 100.0
+
+    opt = module.configure_optimizers()
+    backbone = {id(p) for p in tiny_model.image_encoder.backbone.parameters() if p.requires_grad}
+    seen = 0
+    for group in opt.param_groups:
+        in_backbone = {id(p) in backbone for p in group["params"]}
+        assert len(in_backbone) == 1  # no group mixes backbone and the rest
+        assert group["lr"] == pytest.approx(2e-5 if in_backbone.pop() else 2e-4)
+        seen += len(group["params"])
+    assert seen == sum(1 for p in tiny_model.parameters() if p.requires_grad)

@@ -39,7 +39,7 @@ SIZES: dict[str, dict[str, Any]] = {
         sparse_out_proj=False, loss_layers="all", aggregation_checkpoint=True,
     ),
     "test": dict(
-        depth="resnet50", dcn_stages=(2, 3), width_div=16, embed_dims=32, ffn_dims=64, num_gaussians=300,
+        depth="resnet50", dcn_stages=(2, 3), width_div=16, embed_dims=32, ffn_dims=64, num_gaussians=200,
         scale_range=(0.2, 0.6), unit_xyz=(2.0, 2.0, 0.5), include_opacity=True, semantics_activation="softplus",
         with_empty=True, empty_mean=(0.0, 0.0, -1.0), empty_scale=(20.0, 20.0, 4.0), sparse_voxel_size=1.0,
         sparse_out_proj=True, loss_layers="all", grid_shape=(20, 20, 4), grid_lower=(-10.0, -10.0, -2.0),
