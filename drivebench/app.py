@@ -26,6 +26,7 @@ from drivebench.errors import ConfigError
 from drivebench.lit.base import DriveModule
 from drivebench.models.registry import get_spec
 from drivebench.perf.machine import MachineInfo, detect_machine
+from drivebench.secrets import scrub_hydra_dir
 
 log = logging.getLogger("drivebench")
 
@@ -118,6 +119,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     from hydra.core.hydra_config import HydraConfig
 
     output_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(cfg.paths.output_dir)
+    scrub_hydra_dir(output_dir)  # Hydra saved the raw config: take credentials out of it
     try:
         run = build_run(cfg, output_dir)
         bench = instantiate(cfg.bench)

@@ -34,3 +34,16 @@ def pop_local_rank(argv: list[str], environ: dict[str, str] | None = None) -> li
         env["LOCAL_RANK"] = value
         i += 1
     return out
+
+
+def quote_storage_dirs(argv: list[str]) -> list[str]:
+    """``bench=storage ckpt.dir=/a,/b`` means two candidates, not a Hydra sweep: quote the list."""
+    if "bench=storage" not in argv:
+        return argv
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+") in ("ckpt.dir", "bench.dirs") and "," in value and value[:1] not in "'\"[":
+            arg = f"{key}='{value}'"
+        out.append(arg)
+    return out

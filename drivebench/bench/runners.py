@@ -22,7 +22,9 @@ from omegaconf import OmegaConf
 
 from drivebench.accel.compile import compile_report
 from drivebench.app import Run
+from drivebench.ckpt.resume import find_resume_checkpoint
 from drivebench.errors import ConfigError
+from drivebench.secrets import redact, redact_argv
 from drivebench.perf.callback import StepTimer
 from drivebench.perf.ceiling import ResidentBatch, ResidentBatchLoader
 from drivebench.perf.machine import filesystem_of
@@ -114,9 +116,11 @@ class TrainBench:
         cfg = run.cfg
         timer = StepTimer("perf", self.warmup_steps, self.sync_each_step, self.log_every_n_steps, monitor)
         callbacks: list[pl.Callback] = [timer]
-        ckpt = instantiate(cfg.ckpt.callback) if cfg.ckpt.get("callback") else None
+        ckpt = instantiate(cfg.ckpt.callback, _convert_="all") if cfg.ckpt.get("callback") else None
         if ckpt is not None:
             callbacks.append(ckpt)
+        resume_from = find_resume_checkpoint(cfg, ckpt.store if ckpt is not None else None)
+        summary["run"]["resumed_from"] = resume_from
         max_steps = cfg.trainer.max_steps
         if max_steps is None:
             max_steps = self.warmup_steps + self.steps
@@ -134,7 +138,7 @@ class TrainBench:
         )
         if torch.cuda.is_available() and run.machine.accelerator == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        trainer.fit(run.module, datamodule=run.datamodule)
+        trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=resume_from)
         summary["train"] = phase_stats(timer.times, monitor)
         summary["loss"] = loss_summary(timer.times.records)
         if run.machine.accelerator == "cuda":
@@ -210,7 +214,7 @@ class TrainBench:
                 "accel": cfg.accel.name, "bench": self.mode, "dist": cfg.dist.name,
                 "machine_profile": cfg.machine.name, "seed": cfg.seed,
                 "started": dt.datetime.fromtimestamp(run.started).isoformat(timespec="seconds"),
-                "command": " ".join(sys.argv),
+                "command": " ".join(redact_argv(sys.argv)),
                 "status": "running",
                 "output_dir": str(run.output_dir),
             },
@@ -228,7 +232,7 @@ class TrainBench:
                 "trainable_parameters": sum(p.numel() for p in run.module.net.parameters() if p.requires_grad),
             },
             "memory": {},
-            "config": OmegaConf.to_container(cfg, resolve=True),
+            "config": redact(OmegaConf.to_container(cfg, resolve=True)),
             "paths": {"output_dir": str(run.output_dir)},
         }
 

@@ -1,0 +1,145 @@
+"""``bench=storage``: which checkpoint location is faster? Write and read a checkpoint-sized file
+in each candidate directory (local paths or fsspec URLs) several times, with fsync, and compare.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from drivebench.app import Run
+from drivebench.ckpt.store import CheckpointStore
+from drivebench.errors import ConfigError
+from drivebench.perf.stats import describe
+from drivebench.perf.summary import SCHEMA_VERSION, write_summary
+
+
+def _split_dirs(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [d.strip() for d in value.split(",") if d.strip()]
+    return [str(d) for d in value]
+
+
+class StorageBench:
+    """Args: dirs (list, or comma-separated; default: ``ckpt.dir``), size_mb (``auto`` = the model's
+    checkpoint size: weights + two Adam moments), repeats."""
+
+    def __init__(self, mode: str = "storage", dirs: Any = None, size_mb: Any = "auto", repeats: int = 5,
+                 **_: Any) -> None:
+        if not isinstance(repeats, int) or repeats < 1:
+            raise ConfigError(f"bench.repeats={repeats!r} is not valid; use a whole number >= 1")
+        self.mode = mode
+        self.dirs = dirs
+        self.size_mb = size_mb
+        self.repeats = repeats
+
+    def run(self, run: Run) -> dict[str, Any]:
+        dirs = _split_dirs(self.dirs) or _split_dirs(run.cfg.ckpt.get("dir"))
+        if not dirs:
+            raise ConfigError("bench=storage needs candidate directories: ckpt.dir=/mnt/a,/mnt/b (or bench.dirs=[...])")
+        if self.size_mb == "auto":
+            params = sum(p.numel() * p.element_size() for p in run.module.net.parameters())
+            size = max(3 * params, 2**20)
+        else:
+            size = int(float(self.size_mb) * 2**20)
+        payload = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes()
+        results = []
+        for d in dirs:
+            results.append(self._measure(d, payload))
+        ok = [r for r in results if r.get("write_mb_per_s")]
+        best = max(ok, key=lambda r: r["write_mb_per_s"]["median"]) if ok else None
+        summary = {
+            "schema_version": SCHEMA_VERSION,
+            "run": {"bench": "storage", "model": run.cfg.model.name, "model_size": run.cfg.model.size,
+                    "started": dt.datetime.fromtimestamp(run.started).isoformat(timespec="seconds"),
+                    "status": "completed", "output_dir": str(run.output_dir)},
+            "machine": run.machine.to_dict(),
+            "storage": {"bytes": size, "repeats": self.repeats, "dirs": results,
+                        "fastest": best["dir"] if best else None},
+        }
+        write_summary(run.output_dir / "summary.json", summary)
+        print(self.render(summary["storage"]), flush=True)
+        return summary
+
+    def _measure(self, directory: str, payload: bytes) -> dict[str, Any]:
+        store = CheckpointStore(directory, None)
+        try:
+            store.prepare()
+        except ConfigError as err:
+            return {"dir": directory, "error": str(err)}
+        writes, reads = [], []
+        for _ in range(self.repeats):
+            name = f".drivebench-storage-probe-{uuid.uuid4().hex}"
+            try:
+                writes.append(self._write(store, name, payload))
+                reads.append(self._read(store, name, len(payload)))
+            except OSError as err:
+                return {"dir": directory, "error": f"{type(err).__name__}: {err}", "filesystem": store.describe()}
+            finally:
+                self._delete(store, name)
+        mb = len(payload) / 2**20
+        return {
+            "dir": directory,
+            "filesystem": store.describe(),
+            "write_s": describe(writes),
+            "read_s": describe(reads),
+            "write_mb_per_s": describe(mb / w for w in writes),
+            "read_mb_per_s": describe(mb / r for r in reads),
+        }
+
+    @staticmethod
+    def _write(store: CheckpointStore, name: str, payload: bytes) -> float:
+        t0 = time.perf_counter()
+        if store.local:
+            path = store.path / name
+            with open(path, "wb") as fh:
+                fh.write(payload)
+                fh.flush()
+                os.fsync(fh.fileno())
+        else:
+            store._fs.pipe(f"{store._root.rstrip('/')}/{name}", payload)
+        return time.perf_counter() - t0
+
+    @staticmethod
+    def _read(store: CheckpointStore, name: str, size: int) -> float:
+        t0 = time.perf_counter()
+        if store.local:
+            with open(store.path / name, "rb") as fh:
+                while fh.read(64 * 2**20):
+                    pass
+        else:
+            store._fs.cat_file(f"{store._root.rstrip('/')}/{name}")
+        return time.perf_counter() - t0
+
+    @staticmethod
+    def _delete(store: CheckpointStore, name: str) -> None:
+        try:
+            if store.local:
+                (store.path / name).unlink(missing_ok=True)
+            else:
+                store._fs.rm(f"{store._root.rstrip('/')}/{name}")
+        except (OSError, FileNotFoundError):
+            pass
+
+    @staticmethod
+    def render(storage: dict[str, Any]) -> str:
+        lines = [f"checkpoint-sized file: {storage['bytes'] / 2**20:.1f} MiB x {storage['repeats']} (fsync)",
+                 f"{'dir':40s} {'kind':22s} {'write MB/s med [p10,p90]':28s} {'read MB/s med':14s} {'write s med':10s}"]
+        for r in storage["dirs"]:
+            if "error" in r:
+                lines.append(f"{r['dir']:40s} ERROR {r['error']}")
+                continue
+            w, rd = r["write_mb_per_s"], r["read_mb_per_s"]
+            lines.append(f"{r['dir']:40s} {r['filesystem'].get('kind', '?'):22s} "
+                         f"{w['median']:8.1f} [{w['p10']:.1f}, {w['p90']:.1f}]{'':6s} {rd['median']:10.1f}    "
+                         f"{r['write_s']['median']:.3f}")
+        if storage.get("fastest"):
+            lines.append(f"fastest for checkpoints: {storage['fastest']}")
+        return "\n".join(lines)

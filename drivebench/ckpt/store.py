@@ -1,0 +1,228 @@
+"""Where checkpoints live: a local directory or any fsspec URL, with atomic writes.
+
+Atomic means a reader never finds half a checkpoint under its final name:
+* local paths: write ``.<name>.partial``, flush + fsync, ``os.replace`` to the final name, fsync
+  the directory (a crash at any moment leaves either the old or the new file, never a torn one);
+* fsspec URLs: the bytes are assembled in memory and sent in one ``pipe`` (one PUT on object
+  stores, which is atomic there); ``file://`` URLs are treated as local paths.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlparse
+
+import torch
+
+from drivebench.errors import ConfigError
+
+_STEP = re.compile(r"^step-(\d+)\.ckpt$")
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written; the previous complete checkpoint is untouched."""
+
+
+@dataclass
+class WriteResult:
+    path: str
+    bytes: int
+    write_s: float
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}.ckpt"
+
+
+def step_of(name: str) -> int | None:
+    match = _STEP.match(name)
+    return int(match.group(1)) if match else None
+
+
+class CheckpointStore:
+    """Args:
+        dir: a local directory or an fsspec URL (``s3://bucket/run``, ``memory://run``, ``file:///x``).
+        storage_options: fsspec options (credentials); never logged or recorded.
+    """
+
+    def __init__(self, dir: str, storage_options: dict[str, Any] | None = None) -> None:
+        parsed = urlparse(str(dir))
+        self.url = str(dir)
+        self.protocol = parsed.scheme if len(parsed.scheme) > 1 else "file"  # "C:\" is not a scheme
+        self.local = self.protocol == "file"
+        self.path = Path(parsed.path if parsed.scheme == "file" else str(dir)) if self.local else None
+        self._fs = None
+        self._root = str(dir)
+        if not self.local:
+            import fsspec
+
+            try:
+                self._fs, self._root = fsspec.core.url_to_fs(str(dir), **(storage_options or {}))
+            except (ImportError, ValueError) as err:
+                raise ConfigError(f"ckpt.dir={dir}: no filesystem for protocol {self.protocol!r} ({err}); install "
+                                  "its fsspec backend (e.g. s3fs, gcsfs) or use a local directory") from err
+
+    # ---- preflight ---------------------------------------------------------------------------
+    def prepare(self, needed_bytes: int | None = None) -> None:
+        """Create the directory, prove it is writable and (locally) that it has room."""
+        if self.local:
+            assert self.path is not None
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+                probe = self.path / f".write-probe-{os.getpid()}"
+                probe.write_bytes(b"ok")
+                probe.unlink()
+            except OSError as err:
+                raise ConfigError(f"ckpt.dir={self.path} is not writable ({err.strerror or err}); choose a "
+                                  "writable directory or ckpt=none") from err
+            if needed_bytes:
+                free = os.statvfs(self.path).f_bavail * os.statvfs(self.path).f_frsize
+                if free < needed_bytes:
+                    raise ConfigError(
+                        f"ckpt.dir={self.path} has {free / 2**20:.0f} MiB free but the checkpoints of this run need "
+                        f"about {needed_bytes / 2**20:.0f} MiB (keep_last_k + 1 checkpoints); free space, lower "
+                        "ckpt.keep_last_k, or choose another ckpt.dir"
+                    )
+        else:
+            try:
+                self._fs.makedirs(self._root, exist_ok=True)
+                probe = f"{self._root.rstrip('/')}/.write-probe-{os.getpid()}"
+                self._fs.pipe(probe, b"ok")
+                self._fs.rm(probe)
+            except Exception as err:  # fsspec backends raise many kinds
+                raise ConfigError(f"ckpt.dir={self.url} is not writable ({type(err).__name__}: {err}); check the URL "
+                                  "and ckpt.storage_options") from err
+
+    # ---- write / list / read -----------------------------------------------------------------
+    def write(self, name: str, checkpoint: dict[str, Any],
+              fault: Callable[[str, int], None] | None = None) -> WriteResult:
+        """Serialise ``checkpoint`` to ``name`` atomically; raise CheckpointWriteError on failure."""
+        t0 = time.perf_counter()
+        if self.local:
+            assert self.path is not None
+            final = self.path / name
+            tmp = self.path / f".{name}.partial"
+            try:
+                with open(tmp, "wb") as fh:
+                    if fault is None:
+                        torch.save(checkpoint, fh)
+                    else:  # fault injection for the crash-safety tests: write half, then call back
+                        buf = io.BytesIO()
+                        torch.save(checkpoint, buf)
+                        data = buf.getvalue()
+                        fh.write(data[: len(data) // 2])
+                        fh.flush()
+                        fault(str(tmp), len(data))
+                        fh.write(data[len(data) // 2:])
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, final)
+                _fsync_dir(self.path)
+            except OSError as err:
+                tmp.unlink(missing_ok=True)
+                hint = ("the disk is full" if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+                        else err.strerror or str(err))
+                raise CheckpointWriteError(
+                    f"writing checkpoint {final} failed: {hint}; the previous checkpoint is intact. Free space in "
+                    "ckpt.dir or point ckpt.dir elsewhere, then continue with resume=auto"
+                ) from err
+            return WriteResult(str(final), final.stat().st_size, time.perf_counter() - t0)
+        buf = io.BytesIO()
+        torch.save(checkpoint, buf)
+        target = f"{self._root.rstrip('/')}/{name}"
+        try:
+            self._fs.pipe(target, buf.getvalue())
+        except Exception as err:
+            raise CheckpointWriteError(f"writing checkpoint {self.protocol}://{target} failed "
+                                       f"({type(err).__name__}: {err}); the previous checkpoint is intact") from err
+        return WriteResult(f"{self.protocol}://{target}" if "://" not in target else target, buf.tell(),
+                           time.perf_counter() - t0)
+
+    def list_steps(self) -> list[tuple[int, str]]:
+        """Complete checkpoints as (step, full path or URL), oldest first."""
+        if self.local:
+            assert self.path is not None
+            if not self.path.is_dir():
+                return []
+            found = [(step_of(p.name), str(p)) for p in self.path.iterdir()]
+        else:
+            try:
+                names = self._fs.ls(self._root, detail=False)
+            except FileNotFoundError:
+                return []
+            found = [(step_of(n.rsplit("/", 1)[-1]), self._url(n)) for n in names]
+        return sorted((s, p) for s, p in found if s is not None)
+
+    def delete(self, path: str) -> None:
+        if self.local:
+            Path(path).unlink(missing_ok=True)
+        else:
+            self._fs.rm(self._strip(path))
+
+    def loadable(self, path: str) -> bool:
+        """True if the file deserialises (guards against corruption the atomic write cannot see)."""
+        try:
+            if self.local:
+                torch.load(path, map_location="cpu", weights_only=False)
+            else:
+                with self._fs.open(self._strip(path), "rb") as fh:
+                    torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
+            return True
+        except Exception:
+            return False
+
+    def latest_complete(self) -> str | None:
+        """Newest checkpoint that loads; skips (and names) any that do not."""
+        for _, path in reversed(self.list_steps()):
+            if self.loadable(path):
+                return path
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        from drivebench.perf.machine import filesystem_of
+
+        if self.local:
+            assert self.path is not None
+            info = filesystem_of(self.path)
+            info["kind"] = _kind(info.get("fstype"))
+            return info
+        return {"path": self.url, "protocol": self.protocol, "kind": f"fsspec:{self.protocol}"}
+
+    def _url(self, name: str) -> str:
+        return name if "://" in name else f"{self.protocol}://{name}"
+
+    def _strip(self, path: str) -> str:
+        return path.split("://", 1)[1] if "://" in path else path
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_NETWORK_FS = ("nfs", "nfs4", "cifs", "smb", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "9p")
+
+
+def _kind(fstype: str | None) -> str:
+    if not fstype:
+        return "unknown"
+    if fstype in ("tmpfs", "ramfs"):
+        return "tmpfs (memory)"
+    if fstype in _NETWORK_FS or fstype.startswith("fuse"):
+        return "network or FUSE mount"
+    return "local disk"
