@@ -144,11 +144,12 @@ class BoxKeypoints(nn.Module):
 
     def forward(self, anchor: torch.Tensor, instance_feature: torch.Tensor) -> torch.Tensor:
         b, q = anchor.shape[:2]
+        anchor = anchor.float()  # geometry in float32 even under autocast
         # box frame: x along the heading (length l), y across (width w), z up
         size = anchor[..., None, [L, W, H]].exp()
         pts = self.fix_scale * size
         if self.learnable_fc is not None:
-            learned = self.learnable_fc(instance_feature).view(b, q, self.num_learnable, 3).sigmoid() - 0.5
+            learned = self.learnable_fc(instance_feature).float().view(b, q, self.num_learnable, 3).sigmoid() - 0.5
             pts = torch.cat([pts, learned * size], dim=-2)
         cos, sin = anchor[..., None, COS_YAW], anchor[..., None, SIN_YAW]
         x = pts[..., 0] * cos - pts[..., 1] * sin
@@ -178,8 +179,8 @@ class PolylineKeypoints(nn.Module):
     def forward(self, anchor: torch.Tensor, instance_feature: torch.Tensor) -> torch.Tensor:
         b, q, _ = anchor.shape
         n_h = self.heights.numel()
-        pts = anchor.view(b, q, self.num_sample, 1, 1, 2)
-        offset = self.learnable_fc(instance_feature).view(b, q, self.num_sample, n_h, self.num_learnable, 2)
+        pts = anchor.float().view(b, q, self.num_sample, 1, 1, 2)
+        offset = self.learnable_fc(instance_feature).float().view(b, q, self.num_sample, n_h, self.num_learnable, 2)
         xy = pts + offset
         z = self.heights.to(xy.dtype).view(1, 1, 1, n_h, 1, 1).expand(b, q, self.num_sample, n_h, self.num_learnable, 1)
         return torch.cat([xy, z], dim=-1).flatten(2, 4)
@@ -239,11 +240,14 @@ def project_to_images(points: torch.Tensor, lidar2img: torch.Tensor, image_wh: t
     Points behind a camera get a depth clamp (1e-5) as upstream, which throws them far outside the
     image, where bilinear sampling with zero padding returns nothing.
     """
-    rot = lidar2img[:, None, None, :, :3, :3].to(points.dtype)  # (B, 1, 1, N, 3, 3)
-    trans = lidar2img[:, None, None, :, :3, 3].to(points.dtype)
-    cam = (rot @ points[:, :, :, None, :, None]).squeeze(-1) + trans  # (B, Q, P, N, 3)
-    xy = cam[..., :2] / cam[..., 2:3].clamp(min=1e-5)
-    return xy / image_wh[:, None, None].to(points.dtype)
+    # pixel coordinates need float32 (bf16 keeps ~3 significant digits): no autocast here
+    with torch.autocast(device_type=points.device.type, enabled=False):
+        points = points.float()
+        rot = lidar2img[:, None, None, :, :3, :3].float()  # (B, 1, 1, N, 3, 3)
+        trans = lidar2img[:, None, None, :, :3, 3].float()
+        cam = (rot @ points[:, :, :, None, :, None]).squeeze(-1) + trans  # (B, Q, P, N, 3)
+        xy = cam[..., :2] / cam[..., 2:3].clamp(min=1e-5)
+        return xy / image_wh[:, None, None].float()
 
 
 class DenseDepthNet(nn.Module):

@@ -19,7 +19,7 @@ State rules, all per batch slot:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -113,10 +113,12 @@ class InstanceBank(nn.Module):
         merged_feat = torch.cat([temp_feature, sel_feat], dim=1)
         merged_anchor = torch.cat([temp_anchor, sel_anchor], dim=1)
         v = valid[:, None, None]
-        state = self.state
-        state.confidence = torch.where(valid[:, None], state.confidence, torch.zeros_like(state.confidence))
-        if state.instance_id is not None:
-            state.instance_id = torch.where(valid[:, None], state.instance_id, torch.full_like(state.instance_id, -1))
+        state = self.state  # replaced, never mutated: snapshots (``streaming_state``) stay intact
+        instance_id = state.instance_id
+        if instance_id is not None:
+            instance_id = torch.where(valid[:, None], instance_id, torch.full_like(instance_id, -1))
+        self.state = replace(state, confidence=torch.where(valid[:, None], state.confidence, torch.zeros_like(state.confidence)),
+                             instance_id=instance_id)
         return torch.where(v, merged_feat, feature), torch.where(v, merged_anchor, anchor)
 
     def cache(self, feature: torch.Tensor, anchor: torch.Tensor, cls_logits: torch.Tensor) -> torch.Tensor | None:

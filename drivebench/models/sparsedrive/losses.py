@@ -59,8 +59,11 @@ def gaussian_focal_loss(pred: torch.Tensor, target: torch.Tensor, alpha: float =
 
 
 def _one_hot(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """One-hot over ``num_classes``; labels equal to ``num_classes`` (background) give all zeros."""
-    return F.one_hot(labels.clamp(max=num_classes), num_classes + 1)[..., :num_classes].float()
+    """One-hot over ``num_classes``; labels outside [0, num_classes) (background) give all zeros.
+
+    A comparison rather than ``F.one_hot``, whose range check may read the labels on the host.
+    """
+    return (labels[..., None] == torch.arange(num_classes, device=labels.device)).float()
 
 
 def winner_take_all(pred_cum: torch.Tensor, target_cum: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -218,7 +221,7 @@ class SparseDriveCriterion:
             return box_target
         yaw_t = box_target[..., SIN_YAW : COS_YAW + 1]
         opposite = F.cosine_similarity(yaw_t, pred[..., SIN_YAW : COS_YAW + 1].detach(), dim=-1) < 0
-        allowed = torch.isin(cls_target, self.const("reversible", self.yaw_reversible_classes, cls_target.device, torch.long))
+        allowed = (cls_target[..., None] == self.const("reversible", self.yaw_reversible_classes, cls_target.device, torch.long)).any(-1)
         flip = (opposite & allowed)[..., None]
         yaw_t = torch.where(flip, -yaw_t, yaw_t)
         return torch.cat([box_target[..., :SIN_YAW], yaw_t, box_target[..., COS_YAW + 1 :]], dim=-1)

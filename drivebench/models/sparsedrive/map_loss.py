@@ -66,7 +66,7 @@ def map_losses(
         cls_target[bi, qi] = labels_all[gi]
         line_target = torch.zeros(b, q, num_sample, 2, device=device)
         line_target[bi, qi] = pts_cat[gi, oi]
-        one_hot = F.one_hot(cls_target.clamp(max=n_cls), n_cls + 1)[..., :n_cls].float()
+        one_hot = (cls_target[..., None] == torch.arange(n_cls, device=device)).float()  # background: zeros
         cls = cls_all[layer]
         cls_terms.append(sigmoid_focal_loss(cls.flatten(0, 1), one_hot.flatten(0, 1), reduction="sum") / num_pos)
         positive = cls_target < n_cls

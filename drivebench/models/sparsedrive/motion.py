@@ -77,12 +77,12 @@ class InstanceQueue(nn.Module):
         feature = det.instance_feature.detach()
         anchor = det.prediction[-1].detach()
         b, q = feature.shape[:2]
-        state = self.state
+        state = self.state  # read, never mutated: snapshots (``streaming_state``) stay intact
         if state is None or not ctx.has_history or state.period.shape != (b, q):
             state = None
         else:
-            state.anchors = [project_box_anchors(a, ctx.prev2cur) for a in state.anchors]
-            state.ego_anchors = [project_box_anchors(a, ctx.prev2cur) for a in state.ego_anchors]
+            prev_anchors = [project_box_anchors(a, ctx.prev2cur) for a in state.anchors]
+            prev_ego_anchors = [project_box_anchors(a, ctx.prev2cur) for a in state.ego_anchors]
 
         # ---- agents: follow track ids into the current frame
         if state is None:
@@ -102,7 +102,7 @@ class InstanceQueue(nn.Module):
                 return gathered * found.view(b, q, *([1] * (x.dim() - 2))).to(x.dtype)
 
             features = [follow(f) for f in state.features]
-            anchors = [follow(a) for a in state.anchors]
+            anchors = [follow(a) for a in prev_anchors]
             period = torch.where(found, torch.gather(state.period, 1, src), torch.zeros_like(state.period))
         features.append(feature)
         anchors.append(anchor)
@@ -116,7 +116,7 @@ class InstanceQueue(nn.Module):
             ego_features, ego_anchors = [], []
             ego_period = torch.zeros(b, 1, dtype=torch.long, device=feature.device)
         else:
-            ego_features, ego_anchors = state.ego_features, state.ego_anchors
+            ego_features, ego_anchors = list(state.ego_features), prev_ego_anchors
             ego_period = torch.where(ctx.valid[:, None], state.ego_period, torch.zeros_like(state.ego_period))
             if state.prev_ego_status is not None:
                 speed = torch.where(ctx.valid[:, None], state.prev_ego_status[..., 6], torch.zeros_like(state.prev_ego_status[..., 6]))
@@ -134,7 +134,8 @@ class InstanceQueue(nn.Module):
         return ego_feature, ego_anchor, temp_feature, temp_anchor, temp_valid
 
     def cache(self, det: HeadOutput, ego_feature: torch.Tensor, ego_status: torch.Tensor) -> None:
-        """After the head: remember confidences, track ids, the refined ego feature and ego status."""
+        """After the head: remember confidences, track ids, the refined ego feature and ego status
+        (on the state object ``get`` created this step)."""
         assert self.state is not None
         self.state.prev_confidence = det.classification[-1].detach().sigmoid().max(dim=-1).values
         self.state.prev_instance_id = det.instance_id

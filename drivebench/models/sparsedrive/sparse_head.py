@@ -214,9 +214,10 @@ class BoxRefinement(nn.Module):
     def forward(self, feature: torch.Tensor, anchor: torch.Tensor, anchor_embed: torch.Tensor,
                 time_interval: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         fused = feature + anchor_embed
-        delta = self.layers(fused)
+        delta = self.layers(fused).float()  # anchor states accumulate in float32 even under autocast
+        anchor = anchor.float()
         geometry = delta[..., :VX] + anchor[..., :VX]
-        velocity = delta[..., VX:] / time_interval.to(delta.dtype)[:, None, None] + anchor[..., VX:]
+        velocity = delta[..., VX:] / time_interval.float()[:, None, None] + anchor[..., VX:]
         refined = torch.cat([geometry, velocity], dim=-1)
         cls = self.cls_layers(feature)
         quality = self.quality_layers(fused) if self.quality_layers is not None else None
@@ -263,7 +264,7 @@ class PolylineRefinement(nn.Module):
 
     def forward(self, feature: torch.Tensor, anchor: torch.Tensor, anchor_embed: torch.Tensor,
                 time_interval: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
-        return self.layers(feature + anchor_embed) + anchor, self.cls_layers(feature), None
+        return self.layers(feature + anchor_embed).float() + anchor.float(), self.cls_layers(feature), None
 
 
 def _project_polylines(anchor: torch.Tensor, prev2cur: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
