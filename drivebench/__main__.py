@@ -6,6 +6,7 @@ import hydra
 from omegaconf import DictConfig
 
 from drivebench.cli import pop_local_rank, quote_storage_dirs
+from drivebench.dist import external_rank_overrides
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
@@ -16,5 +17,5 @@ def _main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    sys.argv = [sys.argv[0], *quote_storage_dirs(pop_local_rank(sys.argv[1:]))]
+    sys.argv = [sys.argv[0], *quote_storage_dirs(pop_local_rank(sys.argv[1:])), *external_rank_overrides()]
     _main()

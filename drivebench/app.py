@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from drivebench.accel.compile import apply_compile, to_channels_last
 from drivebench.accel.settings import AccelSettings
 from drivebench.data.datamodule import DriveDataModule
+from drivebench.dist import DistJob, apply_p2p, build_strategy, patch_rank_launch_command, resolve_devices
 from drivebench.errors import ConfigError
 from drivebench.lit.base import DriveModule
 from drivebench.models.registry import get_spec
@@ -42,6 +43,8 @@ class Run:
     datamodule: DriveDataModule
     module: DriveModule
     compiled_units: list[str]
+    p2p: dict[str, Any] = field(default_factory=dict)
+    job: DistJob | None = None
     started: float = field(default_factory=time.time)
 
     def logger(self) -> Any:
@@ -51,14 +54,11 @@ class Run:
         """Lightning Trainer arguments shared by every phase (device, precision, strategy)."""
         dist = self.cfg.dist
         accelerator = "gpu" if self.machine.accelerator == "cuda" else "cpu"
-        devices: Any = dist.devices
-        if devices == "auto":
-            devices = len(self.machine.gpus) if self.machine.gpus else 1
         return {
             "accelerator": accelerator,
-            "devices": devices,
+            "devices": resolve_devices(dist, len(self.machine.gpus), accelerator),
             "num_nodes": dist.num_nodes,
-            "strategy": dist.strategy,
+            "strategy": build_strategy(dist, accelerator),
             "precision": self.accel.precision,
             "benchmark": self.accel.cudnn_benchmark,
             "default_root_dir": str(self.output_dir),
@@ -88,6 +88,7 @@ def validate(cfg: DictConfig) -> None:
 
 def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     validate(cfg)
+    p2p = apply_p2p(cfg.dist.get("p2p", "auto"), cache_dir=cfg.paths.cache) if cfg.dist.strategy == "ddp" else {}
     machine = detect_machine(cfg.machine.accelerator)
     accel = AccelSettings.resolve(OmegaConf.to_container(cfg.accel, resolve=True), machine)
     accel.apply_global_flags()
@@ -110,8 +111,10 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
         net=net, optimizer=instantiate(cfg.model.optimizer), scheduler=scheduler,
         scheduler_interval=cfg.model.get("scheduler_interval", "step"),
     )
-    return Run(cfg=cfg, machine=machine, accel=accel, output_dir=output_dir, datamodule=datamodule,
-               module=module, compiled_units=compiled)
+    run = Run(cfg=cfg, machine=machine, accel=accel, output_dir=output_dir, datamodule=datamodule,
+              module=module, compiled_units=compiled, p2p=p2p)
+    run.trainer_kwargs()  # validates dist.devices / backend against this machine before any work
+    return run
 
 
 def main(cfg: DictConfig) -> dict[str, Any]:
@@ -120,10 +123,13 @@ def main(cfg: DictConfig) -> dict[str, Any]:
 
     output_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(cfg.paths.output_dir)
     scrub_hydra_dir(output_dir)  # Hydra saved the raw config: take credentials out of it
+    patch_rank_launch_command()
     try:
-        run = build_run(cfg, output_dir)
-        bench = instantiate(cfg.bench)
-        return bench.run(run)
+        with DistJob() as job:
+            run = build_run(cfg, output_dir)
+            run.job = job
+            bench = instantiate(cfg.bench)
+            return bench.run(run)
     except ConfigError as err:
         print(f"drivebench: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from drivebench.accel.compile import compile_report
 from drivebench.app import Run
 from drivebench.ckpt.resume import find_resume_checkpoint
+from drivebench.dist import gather_objects
 from drivebench.errors import ConfigError
 from drivebench.secrets import redact, redact_argv
 from drivebench.perf.callback import StepTimer
@@ -98,12 +99,17 @@ class TrainBench:
         summary["data"]["shm_cache"] = dm.cache_stats()
         train, ceiling = summary.get("train") or {}, summary.get("ceiling") or {}
         if train.get("samples_per_s") and ceiling.get("samples_per_s"):
-            summary["efficiency"] = train["samples_per_s"] / ceiling["samples_per_s"]
+            summary["efficiency"] = (train.get("global_samples_per_s") or train["samples_per_s"]) / (
+                ceiling.get("global_samples_per_s") or ceiling["samples_per_s"])
         if run.compiled_units:
             summary["settings"]["compile_report"] = compile_report()
         summary["run"]["finished"] = dt.datetime.now().isoformat(timespec="seconds")
         summary["run"]["wall_s"] = time.time() - run.started
         summary["run"]["status"] = "completed"
+        if run.p2p:
+            summary["dist"] = {"p2p": run.p2p}
+        if not getattr(self, "is_global_zero", True):
+            return summary  # rank 0 writes the one summary of the run
         path = write_summary(run.output_dir / "summary.json", summary)
         summary["paths"]["summary"] = str(path)
         if logger:
@@ -138,8 +144,14 @@ class TrainBench:
         )
         if torch.cuda.is_available() and run.machine.accelerator == "cuda":
             torch.cuda.reset_peak_memory_stats()
+        if run.job is not None:
+            run.job.track(trainer)
         trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=resume_from)
+        self.is_global_zero = trainer.is_global_zero
         summary["train"] = phase_stats(timer.times, monitor)
+        if trainer.world_size > 1:
+            summary["ranks"] = self._gather_ranks(summary["train"], trainer)
+            summary["train"]["global_samples_per_s"] = summary["ranks"]["global_samples_per_s"]
         summary["loss"] = loss_summary(timer.times.records)
         if run.machine.accelerator == "cuda":
             summary["memory"]["peak_device_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -149,9 +161,36 @@ class TrainBench:
         if self.val_batches:
             summary["val"] = self._validate(run, logger)
 
+    @staticmethod
+    def _gather_ranks(stats: dict[str, Any], trainer: pl.Trainer) -> dict[str, Any]:
+        """Every rank's own figures, on rank 0: global throughput and the slowest rank."""
+        mine = {
+            "rank": trainer.global_rank,
+            "samples": stats.get("samples"),
+            "wall_s": stats.get("wall_s"),
+            "samples_per_s": stats.get("samples_per_s"),
+            "step_s_median": (stats.get("step_s") or {}).get("median"),
+            "data_wait_s_median": (stats.get("data_wait_s") or {}).get("median"),
+            "data_wait_fraction": stats.get("data_wait_fraction"),
+            "compute_s_median": (stats.get("compute_s") or {}).get("median"),
+        }
+        per_rank = sorted(gather_objects(mine), key=lambda r: r["rank"])
+        walls = [r["wall_s"] for r in per_rank if r["wall_s"]]
+        samples = sum(r["samples"] or 0 for r in per_rank)
+        slowest = max(per_rank, key=lambda r: (r["data_wait_fraction"] or 0.0, r["step_s_median"] or 0.0))
+        return {
+            "world_size": trainer.world_size,
+            "per_rank": per_rank,
+            "global_samples_per_s": samples / max(walls) if walls else None,
+            "slowest_rank": slowest["rank"],
+            "slowest_rank_reason": "highest data-wait fraction (then step time)",
+        }
+
     def _validate(self, run: Run, logger: Any) -> dict[str, float]:
         trainer = pl.Trainer(**run.trainer_kwargs(), logger=logger, limit_val_batches=self.val_batches,
                              enable_checkpointing=False, enable_progress_bar=False)
+        if run.job is not None:
+            run.job.track(trainer)
         results = trainer.validate(run.module, datamodule=run.datamodule, verbose=False)
         metrics = results[0] if results else {}
         return {k.removeprefix("val/"): float(v) for k, v in metrics.items()}
@@ -165,8 +204,14 @@ class TrainBench:
             **run.trainer_kwargs(), logger=logger, callbacks=[timer], max_steps=steps, max_epochs=-1,
             limit_val_batches=0, enable_checkpointing=False, log_every_n_steps=run.cfg.trainer.log_every_n_steps,
         )
+        if run.job is not None:
+            run.job.track(trainer)
         trainer.fit(run.module, train_dataloaders=ResidentBatchLoader(ResidentBatch(batch), steps))
+        self.is_global_zero = trainer.is_global_zero
         summary["ceiling"] = phase_stats(timer.times, monitor)
+        if trainer.world_size > 1:
+            summary["ceiling"]["global_samples_per_s"] = self._gather_ranks(summary["ceiling"], trainer)[
+                "global_samples_per_s"]
 
     def _loader_phase(self, run: Run) -> dict[str, Any]:
         dm = run.datamodule

@@ -8,8 +8,11 @@ order and the shared-memory cache are the same mechanism everywhere.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
-from typing import Any, Callable, Protocol
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
 
 import lightning.pytorch as pl
 import numpy as np
@@ -36,6 +39,22 @@ class DataSource(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """Root, size, counts, preprocessing stats: for the run summary."""
+
+
+@contextlib.contextmanager
+def _prepare_lock(cache_dir: Any) -> Iterator[None]:
+    """An exclusive file lock in the cache directory (no-op without one)."""
+    if cache_dir is None:
+        yield
+        return
+    path = Path(cache_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / ".prepare.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _seed_worker(worker_id: int) -> None:
@@ -92,7 +111,9 @@ class DriveDataModule(pl.LightningDataModule):
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches already done in it)
 
     def prepare_data(self) -> None:
-        self.source.prepare(workers=self.accel.preprocess_workers, progress=self.progress)
+        # ranks started together (torchrun) must not generate the embedded set concurrently
+        with _prepare_lock(getattr(self.source, "cache_dir", None)):
+            self.source.prepare(workers=self.accel.preprocess_workers, progress=self.progress)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
