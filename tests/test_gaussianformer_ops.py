@@ -17,6 +17,15 @@ from drivebench.models.gaussianformer.image_encoder import ModulatedDeformConv2d
 from drivebench.models.gaussianformer.sparse_conv import GaussianSparseConv, kernel_offsets, submanifold_conv3d
 from drivebench.models.gaussianformer.splat import splat_gaussians, window_radius
 
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """Tiny tensors gain nothing from intra-op threads; on a shared 2-core box they only contend."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 GRID = GridSpec(shape=(6, 5, 4), lower=(-3.0, -2.5, -1.0), voxel_size=1.0)
 
 

@@ -68,7 +68,7 @@ def project_to_cameras(
         & (pix[..., 0] > 0) & (pix[..., 0] < hw[..., 1])
         & (pix[..., 1] > 0) & (pix[..., 1] < hw[..., 0])
     )
-    uv = pix / pix.new_tensor([padded_hw[1], padded_hw[0]])
+    uv = torch.stack([pix[..., 0] / padded_hw[1], pix[..., 1] / padded_hw[0]], dim=-1)
     return uv, visible
 
 

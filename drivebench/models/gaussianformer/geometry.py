@@ -74,10 +74,47 @@ class GaussianSet(NamedTuple):
     semantics: torch.Tensor
 
 
+# Grid arithmetic below works axis by axis with Python scalars: building small constant tensors with
+# ``new_tensor`` / ``torch.tensor(..., device=cuda)`` would be a blocking host-to-device copy (a sync).
+
 def unit_to_range(unit: torch.Tensor, lower: Sequence[float], upper: Sequence[float]) -> torch.Tensor:
     """Map ``unit`` in [0, 1]^3 (last dim) to the box ``[lower, upper)``."""
-    lo = unit.new_tensor(lower)
-    return lo + unit * (unit.new_tensor(upper) - lo)
+    return torch.stack([unit[..., i] * (upper[i] - lower[i]) + lower[i] for i in range(3)], dim=-1)
+
+
+def voxel_index(points: torch.Tensor, lower: Sequence[float], voxel_size: float, shape: Sequence[int]) -> torch.Tensor:
+    """Integer voxel coordinates (..., 3) of metric points, floored and clamped into ``shape``."""
+    return torch.stack(
+        [torch.floor((points[..., i] - lower[i]) / voxel_size).long().clamp(0, shape[i] - 1) for i in range(3)], dim=-1
+    )
+
+
+def inside_grid(index: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """Whether integer coordinates (..., 3) lie inside ``shape``."""
+    inside = (index >= 0).all(-1)
+    for i in range(3):
+        inside = inside & (index[..., i] < shape[i])
+    return inside
+
+
+def clamp_to_grid(index: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    return torch.stack([index[..., i].clamp(0, shape[i] - 1) for i in range(3)], dim=-1)
+
+
+def linear_voxel_index(index: torch.Tensor, shape: Sequence[int], batch: torch.Tensor | int = 0) -> torch.Tensor:
+    """Key ((b * X + x) * Y + y) * Z + z of integer coordinates (..., 3)."""
+    return ((batch * shape[0] + index[..., 0]) * shape[1] + index[..., 1]) * shape[2] + index[..., 2]
+
+
+def voxel_center_of(index: torch.Tensor, lower: Sequence[float], voxel_size: float, dtype: torch.dtype) -> torch.Tensor:
+    """Metric centres (..., 3) of integer voxel coordinates."""
+    return torch.stack([(index[..., i].to(dtype) + 0.5) * voxel_size + lower[i] for i in range(3)], dim=-1)
+
+
+def cube_offsets(radius: int, device: torch.device | None = None) -> torch.Tensor:
+    """((2r+1)^3, 3) integer offsets from -r to r in lexicographic (dx, dy, dz) order, built on ``device``."""
+    rng = torch.arange(-radius, radius + 1, device=device)
+    return torch.stack(torch.meshgrid(rng, rng, rng, indexing="ij"), dim=-1).reshape(-1, 3)
 
 
 def quaternion_to_rotation(q: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,7 @@ class GaussianOccupancyHead(nn.Module):
             self.empty_scalar = nn.Parameter(torch.tensor(10.0))
             z = (centres - torch.tensor(empty_mean)) / torch.tensor(empty_scale)
             self.register_buffer("empty_density", torch.exp(-0.5 * z.square().sum(-1)).reshape(-1), persistent=False)
+            self.register_buffer("empty_onehot", torch.eye(num_classes)[empty_label], persistent=False)
 
     @property
     def gaussian_classes(self) -> int:
@@ -69,8 +70,6 @@ class GaussianOccupancyHead(nn.Module):
         out = splat_gaussians(gaussians.means, gaussians.scales, gaussians.rotations, opacity, sem, self.grid,
                               self.max_radius, self.scale_multiplier, self.chunk_pairs)
         if self.with_empty:
-            onehot = torch.zeros(self.num_classes, device=out.device, dtype=out.dtype)
-            onehot[self.empty_label] = 1.0
-            out = out + (self.empty_scalar * self.empty_density).unsqueeze(-1) * onehot
+            out = out + (self.empty_scalar * self.empty_density).unsqueeze(-1) * self.empty_onehot
         b = out.shape[0]
         return out.view(b, *self.grid.shape, self.num_classes).permute(0, 4, 1, 2, 3)

@@ -13,26 +13,19 @@ reads its voxel's output. With one Gaussian per voxel the two are identical.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, Sequence
 
 import torch
 from torch import nn
+
+from drivebench.models.gaussianformer.geometry import cube_offsets, inside_grid, linear_voxel_index, voxel_index
 
 _EMPTY_KEY = torch.iinfo(torch.int64).max  # larger than any real key: keeps unused slots at the end
 
 
 def kernel_offsets(kernel_size: int, device: torch.device | None = None) -> torch.Tensor:
     """(k^3, 3) integer offsets in lexicographic (dx, dy, dz) order, from -r to r (matches conv3d weight order)."""
-    r = kernel_size // 2
-    rng = range(-r, r + 1)
-    return torch.tensor(list(itertools.product(rng, rng, rng)), dtype=torch.long, device=device)
-
-
-def voxel_keys(coords: torch.Tensor, batch_index: torch.Tensor, spatial_shape: Sequence[int]) -> torch.Tensor:
-    """Linear key ((b * X + x) * Y + y) * Z + z of integer voxel coordinates (M, 3)."""
-    x, y, z = spatial_shape
-    return ((batch_index * x + coords[:, 0]) * y + coords[:, 1]) * z + coords[:, 2]
+    return cube_offsets(kernel_size // 2, device)
 
 
 class VoxelNeighbours:
@@ -51,7 +44,7 @@ class VoxelNeighbours:
                  kernel_size: int) -> None:
         m = coords.shape[0]
         device = coords.device
-        keys = voxel_keys(coords, batch_index, spatial_shape)
+        keys = linear_voxel_index(coords, spatial_shape, batch_index)
         sorted_keys, order = torch.sort(keys)
         is_new = torch.ones_like(sorted_keys, dtype=torch.bool)
         is_new[1:] = sorted_keys[1:] != sorted_keys[:-1]
@@ -63,18 +56,14 @@ class VoxelNeighbours:
         )
         used = self.count > 0
 
-        shape = torch.tensor(list(spatial_shape), device=device)
+        sx, sy, sz = spatial_shape
         safe_keys = torch.where(used, slot_keys, torch.zeros_like(slot_keys))
-        z = safe_keys % shape[2]
-        y = (safe_keys // shape[2]) % shape[1]
-        x = (safe_keys // (shape[2] * shape[1])) % shape[0]
-        b = safe_keys // (shape[2] * shape[1] * shape[0])
-        slot_coords = torch.stack([x, y, z], dim=-1)
+        slot_coords = torch.stack([(safe_keys // (sz * sy)) % sx, (safe_keys // sz) % sy, safe_keys % sz], dim=-1)
+        slot_batch = safe_keys // (sz * sy * sx)
 
-        offsets = kernel_offsets(kernel_size, device)
-        nb = slot_coords.unsqueeze(1) + offsets.unsqueeze(0)  # (M, K, 3)
-        inside = ((nb >= 0) & (nb < shape)).all(-1) & used.unsqueeze(1)
-        nb_keys = ((b.unsqueeze(1) * shape[0] + nb[..., 0]) * shape[1] + nb[..., 1]) * shape[2] + nb[..., 2]
+        nb = slot_coords.unsqueeze(1) + kernel_offsets(kernel_size, device).unsqueeze(0)  # (M, K, 3)
+        inside = inside_grid(nb, spatial_shape) & used.unsqueeze(1)
+        nb_keys = linear_voxel_index(nb, spatial_shape, slot_batch.unsqueeze(1))
         pos = torch.searchsorted(slot_keys, nb_keys).clamp(max=m - 1)
         found = inside & (slot_keys[pos] == nb_keys)
         self.neighbours = torch.where(found, pos, torch.full_like(pos, -1))
@@ -173,9 +162,7 @@ class GaussianSparseConv(nn.Module):
 
     def voxelise(self, means: torch.Tensor) -> torch.Tensor:
         """Integer voxel coordinates (..., 3) of metric points, clamped into the grid."""
-        idx = torch.floor((means - means.new_tensor(self.scene_lower)) / self.voxel_size).long()
-        upper = torch.tensor(self.spatial_shape, device=means.device) - 1
-        return torch.minimum(idx.clamp(min=0), upper)
+        return voxel_index(means, self.scene_lower, self.voxel_size, self.spatial_shape)
 
     def forward(self, instance_feature: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
         b, g, c = instance_feature.shape

@@ -17,8 +17,10 @@ from typing import Any
 
 import torch
 
-from drivebench.models.gaussianformer.geometry import GridSpec, precision_matrix
-from drivebench.models.gaussianformer.sparse_conv import kernel_offsets
+from drivebench.models.gaussianformer.geometry import (
+    GridSpec, clamp_to_grid, cube_offsets, inside_grid, linear_voxel_index, precision_matrix, voxel_center_of,
+    voxel_index,
+)
 
 DEFAULT_CHUNK_PAIRS = 1 << 22  # (Gaussian, voxel) pairs per chunk: ~4.2M pairs, a few hundred MB at C=18
 
@@ -33,14 +35,11 @@ class _PairGeometry:
 
     def __init__(self, means: torch.Tensor, centre: torch.Tensor, radius: torch.Tensor, batch: torch.Tensor,
                  offsets: torch.Tensor, grid: GridSpec) -> None:
-        shape = torch.tensor(grid.shape, device=means.device)
         nb = centre.unsqueeze(1) + offsets.unsqueeze(0)  # (m, K, 3)
-        self.valid = ((nb >= 0) & (nb < shape)).all(-1) & (offsets.abs().amax(-1) <= radius.unsqueeze(1))
-        nb = torch.minimum(nb.clamp(min=0), shape - 1)
-        x, y, z = grid.shape
-        self.index = ((batch.unsqueeze(1) * x + nb[..., 0]) * y + nb[..., 1]) * z + nb[..., 2]
-        lower = means.new_tensor(grid.lower)
-        centres = lower + (nb.to(means.dtype) + 0.5) * grid.voxel_size
+        self.valid = inside_grid(nb, grid.shape) & (offsets.abs().amax(-1) <= radius.unsqueeze(1))
+        nb = clamp_to_grid(nb, grid.shape)
+        self.index = linear_voxel_index(nb, grid.shape, batch.unsqueeze(1))
+        centres = voxel_center_of(nb, grid.lower, grid.voxel_size, means.dtype)
         self.delta = centres - means.unsqueeze(1)  # (m, K, 3)
 
 
@@ -124,12 +123,11 @@ def splat_gaussians(
         means, scales, rotations = means.float(), scales.float(), rotations.float()
         precision = precision_matrix(scales, rotations).reshape(b * g, 3, 3)
         flat_means = means.reshape(b * g, 3)
-        centre = torch.floor((flat_means.detach() - flat_means.new_tensor(grid.lower)) / grid.voxel_size).long()
-        centre = torch.minimum(centre.clamp(min=0), torch.tensor(grid.shape, device=device) - 1)
+        centre = voxel_index(flat_means.detach(), grid.lower, grid.voxel_size, grid.shape)
         radius = torch.ceil(scales.detach().amax(-1).reshape(-1) * scale_multiplier / grid.voxel_size).long()
         radius = radius.clamp(1, max_radius)
         batch = torch.arange(b, device=device).repeat_interleave(g)
-        offsets = kernel_offsets(2 * max_radius + 1, device)
+        offsets = cube_offsets(max_radius, device)
         chunk = max(1, chunk_pairs // offsets.shape[0])
         out = _SplatFunction.apply(
             flat_means, precision, opacities.float().reshape(b * g), semantics.float().reshape(b * g, -1),
