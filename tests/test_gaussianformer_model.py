@@ -226,3 +226,20 @@ def test_lightning_module_loss_metrics_and_param_groups(tiny_model):
         assert group["lr"] == pytest.approx(2e-5 if in_backbone.pop() else 2e-4)
         seen += len(group["params"])
     assert seen == sum(1 for p in tiny_model.parameters() if p.requires_grad)
+
+
+def test_lightning_fit_and_validate_one_batch(tiny_model):
+    from functools import partial
+
+    import lightning.pytorch as pl
+
+    from drivebench.lit.gaussianformer import GaussianFormerModule
+
+    batch = make_batch(1, seed=4)
+    loader = torch.utils.data.DataLoader([batch], batch_size=None)
+    module = GaussianFormerModule(tiny_model, optimizer=partial(torch.optim.AdamW, lr=1e-4))
+    trainer = pl.Trainer(fast_dev_run=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, train_dataloaders=loader, val_dataloaders=loader)
+    assert {"train/loss", "val/loss", "val/miou", "val/iou"} <= set(trainer.callback_metrics)
+    assert all(math.isfinite(float(v)) for v in trainer.callback_metrics.values())
