@@ -32,8 +32,6 @@ log = logging.getLogger(__name__)
 # Pickle protocol 5 files start with PROTO 5 and end with STOP.
 _PICKLE_HEAD = b"\x80\x05"
 _PICKLE_TAIL = b"."
-_PICKLE_ERRORS = (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError, ValueError,
-                  TypeError, MemoryError)
 
 
 @dataclass
@@ -98,7 +96,7 @@ def load_cached(path: Path, rebuild: Callable[[], Any] | None = None) -> Any:
     except FileNotFoundError:
         if rebuild is None:
             raise
-    except _PICKLE_ERRORS as error:
+    except Exception as error:  # garbage bytes can raise nearly anything while unpickling
         if rebuild is None:
             raise RuntimeError(
                 f"cache file {path} is damaged ({type(error).__name__}: {error}); delete it to rebuild"

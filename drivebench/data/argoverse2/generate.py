@@ -57,10 +57,10 @@ SIZES: dict[str, DatasetSize] = {
     # CPU tests: one small intersection, 10-20 agents, 30-60 map polygons; seconds to make.
     "mini": DatasetSize(
         train=32, val=16,
-        network=NetworkSize(intersections=1, lanes_per_direction=(1,), lane_weights=(1.0,), arm_length=(45.0, 65.0),
+        network=NetworkSize(intersections=1, lanes_per_direction=(1,), lane_weights=(1.0,), arm_length=(70.0, 100.0),
                             link_length=(0.0, 0.0), segment_length=(20.0, 30.0), bike_lane_prob=0.0, tee_prob=0.0,
                             max_curvature=1 / 150),
-        traffic=TrafficSize(queue_prob=0.8, departure_queue_prob=0.3, headway=(1.2, 3.0), pedestrians=(2, 4),
+        traffic=TrafficSize(queue_prob=0.7, departure_queue_prob=0.4, headway=(1.2, 2.5), pedestrians=(2, 5),
                             cyclists=(0, 1), parked=(1, 2), static=(1, 2), view_radius=(55.0, 70.0), max_scored=3),
         center_spacing=5.0,
     ),
@@ -71,8 +71,8 @@ SIZES: dict[str, DatasetSize] = {
         network=NetworkSize(intersections=2, lanes_per_direction=(1, 2, 3), lane_weights=(0.2, 0.5, 0.3),
                             arm_length=(75.0, 115.0), link_length=(60.0, 100.0), segment_length=(20.0, 30.0),
                             bike_lane_prob=0.35, tee_prob=0.25, max_curvature=1 / 180),
-        traffic=TrafficSize(queue_prob=0.85, departure_queue_prob=0.6, headway=(1.0, 3.0), pedestrians=(12, 20),
-                            cyclists=(1, 4), parked=(5, 12), static=(5, 12), view_radius=(100.0, 140.0), max_scored=6),
+        traffic=TrafficSize(queue_prob=0.65, departure_queue_prob=0.5, headway=(1.2, 2.5), pedestrians=(16, 26),
+                            cyclists=(1, 4), parked=(6, 14), static=(6, 14), view_radius=(110.0, 150.0), max_scored=6),
         center_spacing=6.0,
     ),
 }

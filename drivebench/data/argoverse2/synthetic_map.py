@@ -53,6 +53,7 @@ class Lane:
     predecessors: list[int] = field(default_factory=list)
     successors: list[int] = field(default_factory=list)
     maneuver: str | None = None  # connectors only: straight | left | right
+    priority: int = 0  # connectors only: 2 main road straight/right, 1 main road left, 0 side road
     road: int = -1  # -1 for intersection connectors
     direction: int = 0  # +1 along the road's reference, -1 against it
     slot: int = 0  # 0 = next to the road centre; bike lanes come after the vehicle lanes
@@ -370,34 +371,49 @@ class _NetworkBuilder:
             return {LEFT}
         return {STRAIGHT, RIGHT} if slot == n_in - 1 else {STRAIGHT}
 
-    def _connect(self, source: int, target: int, maneuver: str, lane_type: str) -> None:
+    def _connect(self, source: int, target: int, maneuver: str, lane_type: str, main_road: bool) -> None:
         src, dst = self.lanes[source], self.lanes[target]
         h0 = float(src.heading[-1])
         h3 = float(dst.heading[0])
         lane = Lane(index=len(self.lanes), lane_type=lane_type, is_intersection=True,
                     center=_bezier_lane(src.center[-1], h0, dst.center[0], h3),
                     half_width=min(src.half_width, dst.half_width), maneuver=maneuver,
+                    priority=(1 if maneuver == LEFT else 2) if main_road else 0,
                     predecessors=[source], successors=[target])
         self.lanes.append(lane)
         src.successors.append(lane.index)
         dst.predecessors.append(lane.index)
 
+    @staticmethod
+    def _exits(a: Approach, approaches: list[Approach]) -> dict[str, Approach]:
+        """The approach each maneuver from ``a`` leaves by, from the change of heading."""
+        exits: dict[str, Approach] = {}
+        for b in approaches:
+            if b is a:
+                continue
+            delta = float(wrap_angle(b.out_heading - a.in_heading))
+            if abs(delta) < np.radians(40):
+                exits[STRAIGHT] = b
+            elif np.radians(40) <= delta < np.radians(150):
+                exits[LEFT] = b
+            elif -np.radians(150) < delta <= -np.radians(40):
+                exits[RIGHT] = b
+        return exits
+
     def _add_connectors(self, node: int) -> None:
         approaches = [a for a in self.approaches if a.node == node]
+        # The main road: the straight-through pair of approaches with the most lanes. Its
+        # vehicles have the right of way; side-road vehicles and main-road left turns yield.
+        straight_pairs = [(a, b) for a in approaches for b in [self._exits(a, approaches).get(STRAIGHT)] if b]
+        main: set[int] = set()
+        if straight_pairs:
+            widest = max(straight_pairs, key=lambda ab: self.roads[ab[0].road].n_lanes + self.roads[ab[1].road].n_lanes)
+            main = {id(widest[0]), id(widest[1])}
         for a in approaches:
-            exits: dict[str, Approach] = {}
-            for b in approaches:
-                if b is a:
-                    continue
-                delta = float(wrap_angle(b.out_heading - a.in_heading))
-                if abs(delta) < np.radians(40):
-                    exits[STRAIGHT] = b
-                elif np.radians(40) <= delta < np.radians(150):
-                    exits[LEFT] = b
-                elif -np.radians(150) < delta <= -np.radians(40):
-                    exits[RIGHT] = b
+            exits = self._exits(a, approaches)
             if not exits:
                 continue
+            on_main = id(a) in main
             n_in = len(a.inbound)
             made: set[tuple[int, int]] = set()
             for slot, source in enumerate(a.inbound):
@@ -408,13 +424,13 @@ class _NetworkBuilder:
                     target_slot = {LEFT: 0, RIGHT: n_out - 1}.get(maneuver, min(slot, n_out - 1))
                     if (source, b.outbound[target_slot]) not in made:
                         made.add((source, b.outbound[target_slot]))
-                        self._connect(source, b.outbound[target_slot], maneuver, "VEHICLE")
+                        self._connect(source, b.outbound[target_slot], maneuver, "VEHICLE", on_main)
             if a.inbound_bike is not None:
                 for maneuver in (STRAIGHT, RIGHT):
                     if maneuver in exits:
                         b = exits[maneuver]
                         target = b.outbound_bike if b.outbound_bike is not None else b.outbound[-1]
-                        self._connect(a.inbound_bike, target, maneuver, "BIKE")
+                        self._connect(a.inbound_bike, target, maneuver, "BIKE", on_main)
 
     # --- crosswalks, areas, places for parked and static objects --------------------------
     def _finish(self) -> RoadNetwork:

@@ -18,6 +18,7 @@ becomes its track, which yields fragments that appear and disappear, like real t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,6 +34,8 @@ MIN_TRACK_STEPS = 10
 REACTION_STEPS = 3  # drivers re-assess who they follow every 0.3 s
 MAX_BRAKE = 4.5  # m/s^2; firmer braking is rare in real traffic
 NOT_ON_PATH = -1e9  # lane start of a lane that is not on a vehicle's path
+CYCLIST_KERB_OFFSET = 1.0  # metres right of a car lane's centre
+GAP_ACCEPTANCE = 3.0  # seconds: a yielding driver enters when the next priority car is further off
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class TrafficSize:
 
     queue_prob: float  # chance that a lane entering the map carries a queue of vehicles
     departure_queue_prob: float  # same, for lanes leaving an intersection
-    headway: tuple[float, float]  # seconds between queued vehicles
+    headway: tuple[float, float]  # seconds between queued vehicles: minimum, mean of the random extra
     pedestrians: tuple[int, int]
     cyclists: tuple[int, int]
     parked: tuple[int, int]
@@ -95,15 +98,25 @@ class _Path:
 TURN_WEIGHTS = {STRAIGHT: 0.5, LEFT: 0.25, RIGHT: 0.25}
 
 
-def plan_route(net: RoadNetwork, rng: np.random.Generator, start: int, max_length: float = 450.0) -> list[tuple[int, int]]:
-    """Lanes from ``start`` through successors: (from, to) per segment; from != to is a lane change."""
-    steps: list[tuple[int, int]] = []
+class RouteStep(NamedTuple):
+    """One lane segment of a route; a lane change blends from ``lane`` to its neighbour ``target``
+    over the blend fraction [blend_from, blend_to] (a change may span two segments)."""
+
+    lane: int
+    target: int
+    blend_from: float = 0.0
+    blend_to: float = 0.0
+
+
+def plan_route(net: RoadNetwork, rng: np.random.Generator, start: int, max_length: float = 450.0) -> list[RouteStep]:
+    """Lanes from ``start`` through successors, with a lane change where the chosen turn needs one."""
+    steps: list[RouteStep] = []
     length = 0.0
     lane: int | None = start
     while lane is not None and length < max_length:
         current = net.lanes[lane]
         if current.is_intersection:
-            steps.append((lane, lane))
+            steps.append(RouteStep(lane, lane))
             length += current.length
             lane = current.successors[0] if current.successors else None
             continue
@@ -119,23 +132,37 @@ def plan_route(net: RoadNetwork, rng: np.random.Generator, start: int, max_lengt
             for c, slot in options
         ])
         if not options or weights.sum() == 0:
-            steps += [(x, x) for x in chain]
+            steps += [RouteStep(x, x) for x in chain]
             break
         choice = int(np.searchsorted(np.cumsum(weights), rng.random() * weights.sum(), side="right"))
         connector, slot = options[choice]
         if slot == current.slot:
-            steps += [(x, x) for x in chain]
+            steps += [RouteStep(x, x) for x in chain]
         else:
+            # Change lanes over two segments where possible (4-6 s at city speeds), else one.
             k = changeable[int(rng.integers(len(changeable)))]
             target = slots[slot][current.segment:]
-            steps += [(x, x) for x in chain[:k]] + [(chain[k], target[k])] + [(y, y) for y in target[k + 1:]]
-        steps.append((connector, connector))
-        length += sum(net.lanes[a].length for a, _ in steps[-len(chain) - 1:])
+            if k + 1 in changeable:
+                change = [RouteStep(chain[k], target[k], 0.0, 0.5), RouteStep(chain[k + 1], target[k + 1], 0.5, 1.0)]
+            else:
+                change = [RouteStep(chain[k], target[k], 0.0, 1.0)]
+            steps += [RouteStep(x, x) for x in chain[:k]] + change + [RouteStep(y, y) for y in target[k + len(change):]]
+        steps.append(RouteStep(connector, connector))
+        length += sum(net.lanes[step.lane].length for step in steps[-len(chain) - 1:])
         lane = net.lanes[connector].successors[0] if net.lanes[connector].successors else None
     return steps
 
 
-def build_path(net: RoadNetwork, steps: list[tuple[int, int]]) -> _Path:
+def _blend_weights(count: int, blend_from: float, blend_to: float) -> np.ndarray:
+    key = (count, blend_from, blend_to)
+    weight = _BLEND_CACHE.get(key)
+    if weight is None:
+        x = np.linspace(blend_from, blend_to, count)
+        weight = _BLEND_CACHE[key] = x * x * (3 - 2 * x)  # smoothstep: no lateral speed at the ends
+    return weight
+
+
+def build_path(net: RoadNetwork, steps: list[RouteStep]) -> _Path:
     """Join the route's centerlines (blending across a lane change) and extend both ends.
 
     Dense centerlines are about 1 m apart, so a point index serves as the path coordinate.
@@ -147,13 +174,10 @@ def build_path(net: RoadNetwork, steps: list[tuple[int, int]]) -> _Path:
     pieces, piece_lanes, piece_turns = [pre], [np.full(len(pre), n_lanes + first)], [np.zeros(len(pre), bool)]
     lane_start: dict[int, float] = {n_lanes + first: 0.0}
     offset = len(pre)
-    for i, (a, b) in enumerate(steps):
+    for i, (a, b, blend_from, blend_to) in enumerate(steps):
         center_a = net.lanes[a].center
         if a != b:
-            weight = _SMOOTHSTEP.get(len(center_a))
-            if weight is None:
-                weight = np.linspace(0.0, 1.0, len(center_a))
-                weight = _SMOOTHSTEP[len(center_a)] = weight * weight * (3 - 2 * weight)
+            weight = _blend_weights(len(center_a), blend_from, blend_to)
             center = center_a + weight[:, None] * (net.lanes[b].center - center_a)
             lanes = np.where(weight < 0.5, a, b)
         else:
@@ -184,7 +208,7 @@ def build_path(net: RoadNetwork, steps: list[tuple[int, int]]) -> _Path:
 
 _PRE_RAMP = np.arange(PRE_EXTENSION, 0.0, -1.0)[:, None]
 _POST_RAMP = np.arange(1.0, POST_EXTENSION + 1.0, 1.0)[:, None]
-_SMOOTHSTEP: dict[int, np.ndarray] = {}
+_BLEND_CACHE: dict[tuple[int, float, float], np.ndarray] = {}
 
 
 def desired_speeds(paths: list[np.ndarray], cruise: np.ndarray, lateral_accel: np.ndarray,
@@ -255,7 +279,7 @@ def simulate_vehicles(net: RoadNetwork, vehicles: list[_Vehicle], rng: np.random
         ids = np.fromiter(v.path.lane_start.keys(), dtype=np.int64)
         lane_start[i, ids] = np.fromiter(v.path.lane_start.values(), dtype=np.float64)
 
-    compact, conflicts = connector_conflicts(net)
+    compact, conflicts, priority, clear_of = connector_conflicts(net)
     no_connector = conflicts.shape[0] - 1
     length = np.array([v.length for v in vehicles])
     max_accel = np.array([v.max_accel for v in vehicles])
@@ -265,13 +289,17 @@ def simulate_vehicles(net: RoadNetwork, vehicles: list[_Vehicle], rng: np.random
     v_now = speed_all[offsets + np.clip(s.astype(int), 0, sizes - 1)] * rng.uniform(0.85, 1.0, n)
     accel = np.zeros(n)
     rows = np.arange(n)
+    # Nobody follows themselves, and cars overtake cyclists (they ride at the lane's right edge).
     not_self = ~np.eye(n, dtype=bool)
+    is_cyclist = np.array([v.object_type == "cyclist" for v in vehicles])
+    not_self[np.ix_(~is_cyclist, is_cyclist)] = False
     half_lengths = 0.5 * (length[:, None] + length[None, :])
     brake_term = 2 * np.sqrt(max_accel * 2.0)  # IDM comfortable deceleration 2 m/s^2
     leader = rows.copy()
     history = np.empty((T, n))
     blocked = np.zeros(n, dtype=bool)
     occupied = np.zeros(no_connector + 1, dtype=bool)
+    arriving = np.zeros(no_connector + 1, dtype=bool)
     for step in range(WARMUP_STEPS + T):
         index = offsets + np.clip(s.astype(int), 0, sizes - 1)
         look = offsets + np.clip((s + v_now).astype(int), 0, sizes - 1)  # one second ahead
@@ -289,15 +317,22 @@ def simulate_vehicles(net: RoadNetwork, vehicles: list[_Vehicle], rng: np.random
             gap[(gap <= -1.0) | ~not_self] = np.inf
             leader = np.argmin(gap, axis=1)
             # Intersections: wait at the stop line while a crossing connector is taken (a vehicle
-            # on it, or one too close to stop before it); whoever cannot stop in comfort goes on.
+            # on it, or one too close to stop before it), or while a vehicle with the right of
+            # way will reach a crossing connector within GAP_ACCEPTANCE. Whoever cannot stop goes.
             committed = (v_now > 2.0) & (to_next < v_now * v_now / (2 * MAX_BRAKE) + 1.0)
             on_connector = compact[lane_now]
             wants = np.where(on_connector == no_connector, compact[next_lane], no_connector)
+            # A vehicle on a connector blocks a crossing one until it is past the conflict point.
+            in_the_way = conflicts[wants][:, on_connector] & (along[None, :] < clear_of[on_connector][:, wants].T)
             occupied[:] = False
-            occupied[on_connector] = True
             occupied[wants[committed]] = True
-            occupied[no_connector] = False
-            blocked = (wants != no_connector) & ~committed & (to_next < 60.0) & (conflicts[wants] & occupied).any(1)
+            arriving[:] = False
+            arriving[wants[(v_now > 1.0) & (to_next < GAP_ACCEPTANCE * v_now)]] = True
+            occupied[no_connector] = arriving[no_connector] = False
+            crossing = conflicts[wants]
+            must_yield = (in_the_way.any(1) | (crossing & occupied).any(1)
+                          | (crossing & arriving & (priority > priority[wants][:, None])).any(1))
+            blocked = (wants != no_connector) & ~committed & (to_next < 60.0) & must_yield
         leader_gap = np.maximum(lane_start[rows, lane_now[leader]] + along[leader],
                                 lane_start[rows, next_lane[leader]] - to_next[leader]) - s - half_lengths[rows, leader]
         follows = (leader_gap > -1.0) & (leader_gap < 150.0) & (leader != rows)
@@ -322,6 +357,9 @@ def simulate_vehicles(net: RoadNetwork, vehicles: list[_Vehicle], rng: np.random
     tangent_heading = np.arctan2(tangent[..., 1], tangent[..., 0])
     amplitude, wavelength, phase = rng.uniform(0.0, 0.12, n), rng.uniform(40.0, 120.0, n), rng.uniform(0.0, 6.3, n)
     sway = amplitude * np.sin(2 * np.pi * history / wavelength + phase)
+    on_car_lane = is_cyclist & np.array([net.lanes[v.path.lane[int(v.path.map_start)]].lane_type != "BIKE"
+                                         for v in vehicles])
+    sway = sway - CYCLIST_KERB_OFFSET * on_car_lane  # cyclists without a bike lane keep right
     normal = np.stack([-np.sin(tangent_heading), np.cos(tangent_heading)], axis=-1)
     position = p0 + frac * tangent + sway[..., None] * normal
     velocity = np.gradient(position, DT, axis=0)
@@ -341,39 +379,51 @@ def simulate_vehicles(net: RoadNetwork, vehicles: list[_Vehicle], rng: np.random
     ]
 
 
-def connector_conflicts(net: RoadNetwork) -> tuple[np.ndarray, np.ndarray]:
+def connector_conflicts(net: RoadNetwork) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Which intersection lanes cross or merge (centerlines closer than 2.5 m, different sources).
 
     Returns a compact index per lane id (path lane ids, virtual ones included; non-connectors
-    map to the last slot) and a (C+1, C+1) boolean conflict matrix whose last row/column is False.
+    map to the last slot), a (C+1, C+1) boolean conflict matrix whose last row/column is False,
+    each connector's right-of-way priority (last slot: -1), and ``clear_of[a, b]``: how far
+    along connector a (metres) a vehicle must be to have passed its conflict with b.
     """
     connectors = [lane for lane in net.lanes if lane.is_intersection]
     count = len(connectors)
     compact = np.full(3 * len(net.lanes) + 1, count)
     compact[[lane.index for lane in connectors]] = np.arange(count)
     conflicts = np.zeros((count + 1, count + 1), dtype=bool)
+    clear_of = np.zeros((count + 1, count + 1))
+    priority = np.array([lane.priority for lane in connectors] + [-1])
     if count < 2:
-        return compact, conflicts
+        return compact, conflicts, priority, clear_of
     from scipy.spatial import cKDTree
 
-    samples = [lane.center[::2] for lane in connectors]
+    stride = 2  # dense points are 1 m apart
+    samples = [lane.center[::stride] for lane in connectors]
     owner = np.repeat(np.arange(count), [len(p) for p in samples])
+    along = np.concatenate([np.arange(len(p)) * float(stride) for p in samples])
     close = cKDTree(np.concatenate(samples)).query_pairs(2.5, output_type="ndarray")
-    pairs = np.zeros((count, count), dtype=bool)
-    pairs[owner[close[:, 0]], owner[close[:, 1]]] = True
-    pairs |= pairs.T
-    source = np.array([lane.predecessors[0] for lane in connectors])
-    conflicts[:count, :count] = pairs & (source[:, None] != source[None, :])
-    return compact, conflicts
+    a, b = owner[close[:, 0]], owner[close[:, 1]]
+    conflicts[a, b] = conflicts[b, a] = True
+    np.maximum.at(clear_of, (a, b), along[close[:, 0]])
+    np.maximum.at(clear_of, (b, a), along[close[:, 1]])
+    clear_of += 6.0  # the vehicle's length past the last close point
+    source = np.array([lane.predecessors[0] for lane in connectors] + [-1])
+    conflicts &= source[:, None] != source[None, :]
+    conflicts[count, :] = conflicts[:, count] = False
+    return compact, conflicts, priority, clear_of
 
 
 def _queue_positions(rng: np.random.Generator, top: float, bottom: float, headway: tuple[float, float]) -> list[float]:
-    """Positions (path metres) of a queue from ``top`` backwards, spaced by speed x headway."""
+    """Positions (path metres) of a queue from ``top`` backwards, spaced by speed x headway.
+
+    Headways are a minimum plus an exponential extra, so traffic comes in platoons with gaps
+    (a side road can find a gap to enter)."""
     positions = []
     s = top
     while s > bottom:
         positions.append(s)
-        s -= 7.0 + 11.0 * rng.uniform(*headway)
+        s -= 7.0 + 11.0 * min(headway[0] + rng.exponential(headway[1]), 10.0)
     return positions
 
 
@@ -498,9 +548,11 @@ def observe(agents: list[_Agent], av: int, net: RoadNetwork, rng: np.random.Gene
                   and agents[i].object_type in ("vehicle", "bus")]
     if not focal_pool:
         return None
-    turning = [i for i in focal_pool if agents[i].turns_in_future]
-    focal = int(rng.choice(turning if turning and rng.random() < 0.5 else focal_pool))
     now = schema.NUM_HISTORICAL_STEPS - 1
+    # Like Argoverse's focal tracks: moving at the present step where possible, often turning.
+    in_motion = [i for i in focal_pool if np.hypot(*agents[i].velocity[now]) > 1.0] or focal_pool
+    turning = [i for i in in_motion if agents[i].turns_in_future]
+    focal = int(rng.choice(turning if turning and rng.random() < 0.5 else in_motion))
     scored_pool = sorted(
         (i for i in full if i != focal and agents[i].moving),
         key=lambda i: float(np.linalg.norm(agents[i].position[now] - agents[focal].position[now])),

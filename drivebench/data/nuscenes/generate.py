@@ -279,17 +279,27 @@ def _render_frame(i: int) -> tuple[int, dict[int, int]]:
         all_boxes = np.concatenate([static, boxes]) if len(boxes) else static
         ids = np.concatenate([np.full(len(static), -1), np.arange(len(boxes))])
         sensor2global = scene.ego_pose(ts) @ rig["LIDAR_TOP"].sensor2ego
-        pts, hit = cast(sensor2global, n_az, all_boxes, ids, ground, rng)
+        pts, _ = cast(sensor2global, n_az, all_boxes, ids, ground, rng)
         _write_bytes(root / task.files[key], pts.astype(np.float32).tobytes())
         if key == "LIDAR_TOP":
-            hits = np.bincount(hit[hit >= 0], minlength=len(scene.agents))
-            counts = {a: int(hits[a]) for a in task.annotated}
+            # num_lidar_pts as nuScenes defines it: points inside the annotated box
+            pts_g = pts[:, :3].astype(np.float64) @ sensor2global[:3, :3].T + sensor2global[:3, 3]
+            counts = {a: _points_in_box(pts_g, boxes[a]) for a in task.annotated}
             boxes_key = boxes
     lidar2global = scene.ego_pose(task.lidar_us) @ rig["LIDAR_TOP"].sensor2ego
     occ = occupancy_labels(lidar2global, ground, plan.cities[scene.location].trees, boxes_key,
                            [a.category for a in scene.agents])
     np.save(root / task.files["occupancy"], occ)
     return i, counts
+
+
+def _points_in_box(pts: np.ndarray, box: np.ndarray) -> int:
+    x, y, z, w, l, h, yaw = box
+    d = pts - (x, y, z)
+    c, s = np.cos(yaw), np.sin(yaw)
+    along = d[:, 0] * c + d[:, 1] * s
+    across = -d[:, 0] * s + d[:, 1] * c
+    return int(((np.abs(along) <= l / 2) & (np.abs(across) <= w / 2) & (np.abs(d[:, 2]) <= h / 2)).sum())
 
 
 def _write_map(loc: str) -> str:

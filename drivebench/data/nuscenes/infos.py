@@ -587,7 +587,7 @@ def from_mmdet3d_v1(data: dict, dataroot: Path | str | None = None, data_prefix:
             img["img_path"] = f"{prefix[cam]}/{Path(img['img_path']).name}"
         r["lidar_points"]["lidar_path"] = f"{prefix['pts']}/{Path(r['lidar_points']['lidar_path']).name}"
         for sw in r.get("lidar_sweeps", []):
-            sw["lidar_points"]["lidar_path"] = f"{prefix['sweeps']}/{Path(sw['lidar_points']['lidar_path']).name}"
+            sw["lidar_points"]["lidar_path"] = _dataset_relative(sw["lidar_points"]["lidar_path"], prefix["sweeps"])
         r.setdefault("lidar_sweeps", [])
         records.append(r)
     missing = [r for r in records if not all(k in r for k in EXTENSION_KEYS)
@@ -612,6 +612,17 @@ def from_mmdet3d_v1(data: dict, dataroot: Path | str | None = None, data_prefix:
                 for k in INSTANCE_EXTENSION_KEYS:
                     inst.setdefault(k, _copy(src[k]))
     return records
+
+
+def _dataset_relative(path: str, default_prefix: str) -> str:
+    """Sweep paths in mmdet3d infos keep the converter's full path ('./data/nuscenes/sweeps/...'; a
+    sweep chain also passes through earlier key frames under 'samples/'): keep it from the
+    'samples/' or 'sweeps/' folder on; a bare file name gets the default sweeps folder."""
+    parts = Path(path).parts
+    for i, part in enumerate(parts):
+        if part in ("samples", "sweeps"):
+            return str(Path(*parts[i:]))
+    return f"{default_prefix}/{Path(path).name}"
 
 
 def _copy(v):

@@ -422,7 +422,8 @@ def build_city_map(location: str, seed: int, n_intersections: int, spacing: floa
         for i in range(n - 1) for j in range(n - 1)
     ]
     outer = box(lo - SIDEWALK, lo - SIDEWALK, hi + SIDEWALK, hi + SIDEWALK).difference(box(lo, lo, hi, hi))
-    for block, inside in blocks:
+    for b_idx, (block, inside) in enumerate(blocks):
+        last_chance = b_idx == len(blocks) - 1 and not carparks  # every map gets at least one car park
         outer_block = block.difference(drivable)
         inner = block.buffer(-SIDEWALK, join_style="mitre")
         walk = outer_block.difference(inner)
@@ -433,7 +434,7 @@ def build_city_map(location: str, seed: int, n_intersections: int, spacing: floa
         x0, y0, x1, y1 = inner.bounds
         _place_buildings(rng, (x0, y0, x1, y1), buildings, depth=(10.0, 18.0))
         core = (x0 + 20.0, y0 + 20.0, x1 - 20.0, y1 - 20.0)
-        if core[2] - core[0] > 10 and rng.random() < 0.4:
+        if core[2] - core[0] > 10 and (rng.random() < 0.4 or last_chance):
             cp = box(*core)
             carparks.append(cp)
             for yy in np.arange(core[1] + 3.0, core[3] - 2.0, 6.0):
