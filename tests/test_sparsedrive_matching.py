@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
