@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 
 import numpy as np
 import pytest
@@ -144,13 +145,22 @@ def test_boxes_overlap_agrees_with_shapely() -> None:
     assert 0 < ours.sum() < len(ours)
 
 
-def test_planning_l2_and_collision_hand_case() -> None:
-    metric = PlanningMetric()
-    gt_plan = np.stack([np.arange(1, 7) * 2.0, np.zeros(6)], -1)  # straight ahead, 4 m/s
-    plan = gt_plan + np.array([0.0, 1.0])  # 1 m to the left at every step
+def _turn(xy: np.ndarray, angle: float) -> np.ndarray:
+    c, s = math.cos(angle), math.sin(angle)
+    return np.stack([xy[..., 0] * c - xy[..., 1] * s, xy[..., 0] * s + xy[..., 1] * c], -1)
+
+
+@pytest.mark.parametrize("forward_yaw", [0.0, math.pi / 2])  # an x-forward frame and nuScenes' LIDAR_TOP
+def test_planning_l2_and_collision_hand_case(forward_yaw: float) -> None:
+    # the case in ego coordinates (x forward), turned into the lidar frame
+    metric = PlanningMetric(forward_yaw=forward_yaw)
+    gt_plan = _turn(np.stack([np.arange(1, 7) * 2.0, np.zeros(6)], -1), forward_yaw)  # straight ahead, 4 m/s
+    plan = gt_plan + _turn(np.array([0.0, 1.0]), forward_yaw)  # 1 m to the left at every step
     mask = np.ones(6, dtype=bool)
     # a parked car ahead on the left lane, in the plan's way from the 4th step but not the GT's
     parked = _box(11.0, 2.5, w=2.0, l=4.0)[None]  # spans x 9..13, y 1.5..3.5
+    parked[:, :2] = _turn(parked[:, :2], forward_yaw)
+    parked[:, 6] += forward_yaw
     metric.update(plan, gt_plan, mask, parked, np.zeros((1, 6, 2)), np.ones((1, 6), dtype=bool))
     out = metric.compute()
     assert out["plan/L2_1s"] == out["plan/L2_2s"] == out["plan/L2_3s"] == pytest.approx(1.0)
@@ -162,9 +172,14 @@ def test_planning_l2_and_collision_hand_case() -> None:
     metric.update(plan, gt_plan, np.array([True] * 5 + [False]), parked, np.zeros((1, 6, 2)), np.ones((1, 6), dtype=bool))
     assert metric.total == 1
     # the same collision when the GT path collides too does not count
-    both = PlanningMetric()
+    both = PlanningMetric(forward_yaw=forward_yaw)
     both.update(plan, plan, mask, parked, np.zeros((1, 6, 2)), np.ones((1, 6), dtype=bool))
     assert both.compute()["plan/col_avg"] == 0.0
+    # a car that moves out of the way (GT future) is no collision
+    moving = PlanningMetric(forward_yaw=forward_yaw)
+    away = _turn(np.stack([np.zeros(6), np.arange(1, 7) * 3.0], -1), forward_yaw)[None]  # 3 m/step to the left
+    moving.update(plan, gt_plan, mask, parked, away, np.ones((1, 6), dtype=bool))
+    assert moving.compute()["plan/col_avg"] == 0.0
 
 
 def test_planning_decoder_takes_the_command_and_avoids_collisions() -> None:
@@ -177,7 +192,7 @@ def test_planning_decoder_takes_the_command_and_avoids_collisions() -> None:
     motion = MotionPlanOutput(plan_cls=[cls], plan_reg=[reg], motion_cls=[torch.zeros(1, 1, 6)],
                               motion_reg=[torch.zeros(1, 1, 6, 12, 2)], plan_status=[torch.zeros(1, 1, 10)])
     left = torch.tensor([[0.0, 1.0, 0.0]])
-    plan, scores = decode_planning(motion, left, rescore=False)
+    plan, scores = decode_planning(motion, left, rescore=False, forward_yaw=0.0)
     path = reg[0, 0, 7].cumsum(0)
     torch.testing.assert_close(plan[0], path)
     # a confident static obstacle just ahead of mode 7's last point: rescoring drops that mode
@@ -185,10 +200,10 @@ def test_planning_decoder_takes_the_command_and_avoids_collisions() -> None:
 
     obstacle = torch.tensor([[[float(path[5, 0]) + 0.5, float(path[5, 1]), -1.0, 0.5, 0.5, 1.5, 0.0, 0.0, 0.0]]])
     dets = Detections(obstacle, torch.tensor([[0.9]]), torch.tensor([[0.9]]), torch.tensor([[0]]), torch.tensor([[0]]))
-    plan2, scores2 = decode_planning(motion, left, dets, rescore=True)
+    plan2, scores2 = decode_planning(motion, left, dets, rescore=True, forward_yaw=0.0)
     assert scores2[0, 1] < -900 and (scores2[0] > -900).any()
     assert not torch.allclose(plan2[0], path)
     # a low-confidence obstacle is ignored
     dets.cls_scores[:] = 0.3
-    plan3, _ = decode_planning(motion, left, dets, rescore=True)
+    plan3, _ = decode_planning(motion, left, dets, rescore=True, forward_yaw=0.0)
     torch.testing.assert_close(plan3[0], path)

@@ -59,8 +59,10 @@ def test_temporal_context_derives_ego_motion_from_poses(model: torch.nn.Module) 
     second = model.temporal_context(frames[1])
     assert second.has_history and second.valid.all()
     moved = frames[1]["ego2global"][:, 0, 3] - frames[0]["ego2global"][:, 0, 3]
-    # the ego moved forward, so the previous lidar origin is behind: x = -moved
-    torch.testing.assert_close(second.prev2cur[:, 0, 3], -moved, atol=1e-4, rtol=0)
+    # the ego moved forward (the lidar's +y), so the previous lidar origin is behind: y = -moved
+    torch.testing.assert_close(second.prev2cur[:, 1, 3], -moved, atol=1e-4, rtol=0)
+    torch.testing.assert_close(second.prev2cur[:, 0, 3], torch.zeros(2), atol=1e-4, rtol=0)
+    torch.testing.assert_close(second.prev2cur[:, :3, :3], torch.eye(3).expand(2, 3, 3), atol=1e-5, rtol=0)
     torch.testing.assert_close(second.dt, torch.full((2,), 0.5))
     model.reset_state()
 

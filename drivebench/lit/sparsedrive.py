@@ -12,6 +12,7 @@ carry ``prev_exists`` that is False wherever a slot does not continue its sequen
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -70,7 +71,7 @@ class SparseDriveModule(DriveModule):
         self.det_ap = DetectionAP(DETECTION_CLASSES)
         self.map_ap = ChamferMapAP(MAP_CLASSES, CHAMFER_THRESHOLDS)
         self.motion_metric = MotionMetric()
-        self.planning_metric = PlanningMetric()
+        self.planning_metric = PlanningMetric(forward_yaw=getattr(net, "forward_yaw", math.pi / 2))
         self._train_stream: dict[str, Any] | None = None
 
     # ---- DriveModule contract ----------------------------------------------------------------
@@ -113,7 +114,8 @@ class SparseDriveModule(DriveModule):
         if outputs.motion is not None:
             trajs, _ = decode_motion(dets, outputs.motion)
             trajs_np = trajs.cpu().numpy()
-            plan, _ = decode_planning(outputs.motion, batch["gt_ego_fut_cmd"], dets, rescore=self.plan_rescore)
+            plan, _ = decode_planning(outputs.motion, batch["gt_ego_fut_cmd"], dets, rescore=self.plan_rescore,
+                                      forward_yaw=self.net.forward_yaw)
             plan_np = plan.cpu().numpy()
             fut = [t.float().cpu().numpy() for t in batch["gt_agent_fut_trajs"]]
             fut_mask = [m.cpu().numpy().astype(bool) for m in batch["gt_agent_fut_masks"]]

@@ -4,7 +4,8 @@ Upstream loads k-means clusters of the nuScenes training set (``tools/kmeans/*.p
 centres, map-element centres, per-class agent futures and per-command ego futures. Those files are
 dataset products that are not shipped here, so every builder accepts a ``.npy`` path with the same
 layout, and without one uses the deterministic, data-free defaults below (same shapes, plausible
-geometry in the contract's lidar frame: x forward, y left, metres).
+geometry in the lidar frame, whose forward direction is ``forward_yaw`` (pi/2 in nuScenes'
+LIDAR_TOP: x right, y forward), metres).
 """
 
 from __future__ import annotations
@@ -45,16 +46,17 @@ def default_detection_anchors(num: int, radius: float = 55.0, seed: int = 0) -> 
     return anchors
 
 
-def default_map_anchors(num: int, num_sample: int = 20, roi: tuple[float, float] = (60.0, 30.0),
-                        length: float = 8.0) -> torch.Tensor:
-    """(num, 2 * num_sample): straight ``length`` m segments along x, centres on a grid over the roi
-    (x extent, y extent) — upstream uses k-means centres with an 8 m segment each."""
+def default_map_anchors(num: int, num_sample: int = 20, roi: tuple[float, float] = (30.0, 60.0),
+                        length: float = 8.0, forward_yaw: float = math.pi / 2) -> torch.Tensor:
+    """(num, 2 * num_sample): straight ``length`` m segments along the driving direction, centres on
+    a grid over the roi (x extent, y extent) — upstream uses k-means centres with an 8 m segment each."""
     cols = max(int(round(math.sqrt(num * roi[1] / roi[0]))), 1)
     rows = math.ceil(num / cols)
     xs = (torch.arange(rows) + 0.5) / rows * roi[0] - roi[0] / 2
     ys = (torch.arange(cols) + 0.5) / cols * roi[1] - roi[1] / 2
     centres = torch.stack(torch.meshgrid(xs, ys, indexing="ij"), dim=-1).reshape(-1, 2)[:num]
-    offsets = torch.stack([torch.linspace(-length / 2, length / 2, num_sample), torch.zeros(num_sample)], dim=-1)
+    along = torch.linspace(-length / 2, length / 2, num_sample)
+    offsets = torch.stack([along * math.cos(forward_yaw), along * math.sin(forward_yaw)], dim=-1)
     return (centres[:, None] + offsets[None]).reshape(num, 2 * num_sample)
 
 
@@ -83,12 +85,14 @@ def default_motion_anchors(num_cls: int = 10, modes: int = 6, steps: int = 12, d
     return out
 
 
-def default_plan_anchors(modes: int = 6, steps: int = 6, dt: float = 0.5) -> torch.Tensor:
+def default_plan_anchors(modes: int = 6, steps: int = 6, dt: float = 0.5, forward_yaw: float = math.pi / 2) -> torch.Tensor:
     """(3, modes, steps, 2) cumulative ego futures per command (turn right, turn left, go straight)
-    at speeds spread over 1-11 m/s; turns follow a 0.08 1/m curvature (about a 12 m radius)."""
+    in the lidar frame, at speeds spread over 1-11 m/s; turns follow a 0.08 1/m curvature (about a
+    12 m radius)."""
     speeds = torch.linspace(1.0, 11.0, modes).tolist()
     out = torch.zeros(3, modes, steps, 2)
     for cmd, kappa in enumerate((-0.08, 0.08, 0.0)):
         for m, v in enumerate(speeds):
             out[cmd, m] = _arc(v, kappa, steps, dt)
-    return out
+    cos, sin = math.cos(forward_yaw), math.sin(forward_yaw)
+    return torch.stack([out[..., 0] * cos - out[..., 1] * sin, out[..., 0] * sin + out[..., 1] * cos], dim=-1)

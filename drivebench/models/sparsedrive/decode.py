@@ -7,6 +7,7 @@ metrics copy the results to the host once per batch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -90,18 +91,22 @@ def trajectory_yaw(traj: torch.Tensor, start_yaw: torch.Tensor, static_dist: flo
     return torch.where(static[..., None], start_yaw[..., None].expand_as(yaw), yaw)
 
 
-def ego_boxes(plan: torch.Tensor, size: tuple[float, float, float] = (1.85, 4.084, 1.56), offset: float = 0.5) -> torch.Tensor:
-    """(..., T, 2) ego plans (positions of the lidar origin) -> (..., T, 7) ego boxes, moved
-    ``offset`` m forward along the heading (UniAD / SparseDrive convention)."""
+def ego_boxes(plan: torch.Tensor, size: tuple[float, float, float] = (1.85, 4.084, 1.56), offset: float = 0.5,
+              forward_yaw: float = math.pi / 2) -> torch.Tensor:
+    """(..., T, 2) ego plans (positions of the lidar origin) -> (..., T, 7) ego boxes (w, l, h),
+    moved ``offset`` m forward along the heading (UniAD / SparseDrive convention). A plan that
+    barely moves keeps the ego's current heading ``forward_yaw`` (in the lidar frame)."""
     with_origin = torch.cat([torch.zeros_like(plan[..., :1, :]), plan], dim=-2)
-    yaw = trajectory_yaw(with_origin, torch.zeros(plan.shape[:-2], dtype=plan.dtype, device=plan.device))[..., 1:]
+    start = torch.full(plan.shape[:-2], forward_yaw, dtype=plan.dtype, device=plan.device)
+    yaw = trajectory_yaw(with_origin, start)[..., 1:]
     centre = plan + offset * torch.stack([torch.cos(yaw), torch.sin(yaw)], dim=-1)
     dims = torch.stack([torch.full_like(yaw, s) for s in size], dim=-1)
     return torch.cat([centre, torch.zeros_like(yaw)[..., None], dims, yaw[..., None]], dim=-1)
 
 
 def decode_planning(motion: MotionPlanOutput, command: torch.Tensor, dets: Detections | None = None,
-                    rescore: bool = True, score_threshold: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+                    rescore: bool = True, score_threshold: float = 0.5,
+                    forward_yaw: float = math.pi / 2) -> tuple[torch.Tensor, torch.Tensor]:
     """The final plan (B, T, 2) and the scores (B, modes) of the commanded mode set.
 
     With ``rescore`` (upstream default), modes whose ego box would overlap a confident agent's
@@ -122,7 +127,7 @@ def decode_planning(motion: MotionPlanOutput, command: torch.Tensor, dets: Detec
         start = dets.boxes[..., None, :2]
         agent_yaw = trajectory_yaw(torch.cat([start, agent_traj], dim=-2), dets.boxes[..., YAW])[..., 1:]
         agent = torch.cat([agent_traj, dets.boxes[..., None, 2:6].expand(-1, -1, t, 4), agent_yaw[..., None]], dim=-1)
-        ego = ego_boxes(plans, size=(1.73 * 1.1, 4.08 * 1.1, 1.56 * 1.1))  # (B, M, T, 7)
+        ego = ego_boxes(plans, size=(1.73 * 1.1, 4.08 * 1.1, 1.56 * 1.1), forward_yaw=forward_yaw)  # (B, M, T, 7)
         hits = boxes_overlap_bev(ego[:, :, None], agent[:, None])  # (B, M, K, T)
         hits = hits & (dets.cls_scores >= score_threshold)[:, None, :, None]
         collide = hits.flatten(2).any(dim=-1)  # (B, M)

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -201,8 +202,10 @@ class MotionMetric:
 class PlanningMetric:
     """Planning L2 and collision rate at 1/2/3 s (see module docstring)."""
 
-    def __init__(self, steps: int = 6, ego_size: tuple[float, float, float] = (1.85, 4.084, 1.56)) -> None:
-        self.steps, self.ego_size = steps, ego_size
+    def __init__(self, steps: int = 6, ego_size: tuple[float, float, float] = (1.85, 4.084, 1.56),
+                 forward_yaw: float = math.pi / 2) -> None:
+        """``forward_yaw``: the ego's heading in the lidar frame (pi/2 for nuScenes' LIDAR_TOP)."""
+        self.steps, self.ego_size, self.forward_yaw = steps, ego_size, forward_yaw
         self.reset()
 
     def reset(self) -> None:
@@ -225,7 +228,7 @@ class PlanningMetric:
 
     def collides(self, plan: np.ndarray, boxes: np.ndarray, trajs: np.ndarray, masks: np.ndarray) -> np.ndarray:
         """(T,) whether the ego box at each step overlaps a GT agent box at that step."""
-        ego = ego_boxes(torch.as_tensor(plan, dtype=torch.float64), self.ego_size)  # (T, 7)
+        ego = ego_boxes(torch.as_tensor(plan, dtype=torch.float64), self.ego_size, forward_yaw=self.forward_yaw)  # (T, 7)
         if len(boxes) == 0:
             return np.zeros(len(plan), dtype=bool)
         b = torch.as_tensor(boxes, dtype=torch.float64)

@@ -7,6 +7,7 @@ the loss lives in ``losses.SparseDriveCriterion`` (``model.criterion``) and post
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -47,6 +48,10 @@ class SparseDrive(nn.Module):
     Args (sizes in ``__init__.py``): ``stage`` 1 trains detection + map, 2 adds motion and
     planning. ``det_anchors`` / ``map_anchors`` / ``motion_anchors`` / ``plan_anchors``: optional
     ``.npy`` k-means files as upstream's ``data/kmeans``; built-in defaults otherwise.
+
+    Frame: nuScenes' LIDAR_TOP (x right, y forward, z up), as upstream and the data layer, so the
+    ego heads along ``forward_yaw`` = pi/2 and ``map_roi`` = (x extent, y extent) = (30, 60) m. A
+    lidar frame with x forward takes ``forward_yaw=0, map_roi=(60, 30)``.
     """
 
     def __init__(
@@ -70,7 +75,8 @@ class SparseDrive(nn.Module):
         num_map_sample: int = 20,
         num_map_learnable_pts: int = 3,
         map_fix_height: tuple[float, ...] = (0, 0.5, -0.5, 1, -1),
-        map_roi: tuple[float, float] = (60.0, 30.0),
+        map_roi: tuple[float, float] = (30.0, 60.0),
+        forward_yaw: float = math.pi / 2,
         num_motion_layers: int = 3,
         queue_length: int = 4,
         fut_ts: int = 12,
@@ -100,6 +106,7 @@ class SparseDrive(nn.Module):
         self.stage = stage
         self.dims, self.num_cams = dims, num_cams
         self.map_roi = tuple(map_roi)
+        self.forward_yaw = float(forward_yaw)
         self.num_map_sample = num_map_sample
         self.max_time_interval, self.default_time_interval = max_time_interval, default_time_interval
         if num_map_temp is None:  # upstream: no temporal map instances in stage 1, 33 in stage 2
@@ -115,7 +122,7 @@ class SparseDrive(nn.Module):
         self.det_head = build_detection_head(
             det_anchor_init, dims, num_det_classes, num_det_temp, num_layers, num_single_frame, num_heads, num_groups,
             num_levels, num_cams, num_det_learnable_pts, confidence_decay, track_ids=(stage == 2), dropout=dropout)
-        map_anchor_init = load_or_default(map_anchors, default_map_anchors(num_map_anchors, num_map_sample, self.map_roi), "map")
+        map_anchor_init = load_or_default(map_anchors, default_map_anchors(num_map_anchors, num_map_sample, self.map_roi, forward_yaw=self.forward_yaw), "map")
         self.map_head = build_map_head(
             map_anchor_init, dims, num_map_classes, num_map_temp, num_layers, num_single_frame, num_heads, num_groups,
             num_levels, num_cams, num_map_sample, num_map_learnable_pts, tuple(map_fix_height),
@@ -124,10 +131,11 @@ class SparseDrive(nn.Module):
         self.motion_head: MotionPlanningHead | None = None
         if stage == 2:
             motion_init = load_or_default(motion_anchors, default_motion_anchors(num_det_classes, fut_mode, fut_ts), "motion")
-            plan_init = load_or_default(plan_anchors, default_plan_anchors(ego_fut_mode, ego_fut_ts), "plan")
+            plan_init = load_or_default(plan_anchors, default_plan_anchors(ego_fut_mode, ego_fut_ts, forward_yaw=self.forward_yaw), "plan")
             self.motion_head = MotionPlanningHead(
                 dims, motion_init, plan_init, num_motion_layers, num_heads, dropout, queue_length,
-                min(num_det_for_motion, num_det_anchors), min(num_map_for_motion, num_map_anchors))
+                min(num_det_for_motion, num_det_anchors), min(num_map_for_motion, num_map_anchors),
+                forward_yaw=self.forward_yaw)
 
         from drivebench.models.sparsedrive.losses import SparseDriveCriterion  # the criterion reads head sizes
 

@@ -8,6 +8,7 @@ centre (motion) or the ego origin (planning), in the lidar frame.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -53,18 +54,21 @@ class InstanceQueue(nn.Module):
     """
 
     def __init__(self, dims: int, queue_length: int = 4, tracking_threshold: float = 0.2,
-                 ego_size: tuple[float, float, float] = (1.73, 4.08, 1.56), lidar_height: float = 1.84) -> None:
+                 ego_size: tuple[float, float, float] = (1.73, 4.08, 1.56), lidar_height: float = 1.84,
+                 forward_yaw: float = math.pi / 2) -> None:
         super().__init__()
         self.queue_length, self.tracking_threshold = queue_length, tracking_threshold
+        self.forward = (math.cos(forward_yaw), math.sin(forward_yaw))
         self.ego_feature_encoder = nn.Sequential(
             nn.Conv2d(dims, dims, 3, stride=1, padding=1, bias=False), nn.BatchNorm2d(dims),
             nn.Conv2d(dims, dims, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(dims),
             nn.ReLU(), nn.AdaptiveAvgPool2d(1),
         )
         w, l, h = ego_size
-        # ego box: centre 0.5 m ahead of the lidar, on the ground, heading +x (upstream's, in our frame)
-        ego = torch.tensor([[0.5, 0.0, -lidar_height + h / 2, float(torch.tensor(w).log()), float(torch.tensor(l).log()),
-                             float(torch.tensor(h).log()), 0.0, 1.0, 0.0, 0.0, 0.0]])
+        cos, sin = self.forward
+        # ego box: centre 0.5 m ahead of the lidar, on the ground, heading forward (upstream's)
+        ego = torch.tensor([[0.5 * cos, 0.5 * sin, -lidar_height + h / 2, math.log(w), math.log(l), math.log(h),
+                             sin, cos, 0.0, 0.0, 0.0]])
         self.ego_anchor = nn.Parameter(ego, requires_grad=False)
         self.state: QueueState | None = None
 
@@ -119,8 +123,10 @@ class InstanceQueue(nn.Module):
             ego_features, ego_anchors = list(state.ego_features), prev_ego_anchors
             ego_period = torch.where(ctx.valid[:, None], state.ego_period, torch.zeros_like(state.ego_period))
             if state.prev_ego_status is not None:
+                # the previous step's predicted forward speed (ego_status[6]) as the ego's velocity
                 speed = torch.where(ctx.valid[:, None], state.prev_ego_status[..., 6], torch.zeros_like(state.prev_ego_status[..., 6]))
-                ego_anchor = torch.cat([ego_anchor[..., :VX], speed[..., None], ego_anchor[..., VX + 1 :]], dim=-1)
+                vel = torch.stack([speed * self.forward[0], speed * self.forward[1]], dim=-1)
+                ego_anchor = torch.cat([ego_anchor[..., :VX], vel, ego_anchor[..., VX + 2 :]], dim=-1)
         ego_features = (ego_features + [ego_feature.detach()])[-self.queue_length :]
         ego_anchors = (ego_anchors + [ego_anchor.detach()])[-self.queue_length :]
         ego_period = (ego_period + 1).clamp(max=self.queue_length)
@@ -177,12 +183,12 @@ class MotionPlanningHead(nn.Module):
 
     def __init__(self, dims: int, motion_anchors: torch.Tensor, plan_anchors: torch.Tensor, num_layers: int = 3,
                  num_heads: int = 8, dropout: float = 0.1, queue_length: int = 4, num_det: int = 50, num_map: int = 10,
-                 tracking_threshold: float = 0.2) -> None:
+                 tracking_threshold: float = 0.2, forward_yaw: float = math.pi / 2) -> None:
         super().__init__()
         self.num_det, self.num_map = num_det, num_map
         self.fut_mode, self.fut_ts = motion_anchors.shape[1:3]
         self.num_cmd, self.ego_fut_mode, self.ego_fut_ts = plan_anchors.shape[:3]
-        self.queue = InstanceQueue(dims, queue_length, tracking_threshold)
+        self.queue = InstanceQueue(dims, queue_length, tracking_threshold, forward_yaw=forward_yaw)
         self.temp_attn = nn.ModuleList([ResidualAttention(2 * dims, num_heads, dropout) for _ in range(num_layers)])
         self.agent_attn = nn.ModuleList([ResidualAttention(2 * dims, num_heads, dropout) for _ in range(num_layers)])
         self.map_attn = nn.ModuleList([ResidualAttention(dims, num_heads, dropout) for _ in range(num_layers)])
