@@ -118,10 +118,16 @@ def test_plugs_into_the_datamodule_epoch_and_resume_hooks() -> None:
     class Frames:
         sequence_ids, frame_idx = seq, frame
 
-    sampler = streaming_batch_sampler(Frames(), batch_size=2, seed=4)
+    class Records:  # NuScenesDataset's shape: info dicts
+        records = [{"sequence_id": s, "frame_idx": f} for s, f in zip(seq, frame)]
+
+    sampler = streaming_batch_sampler(Frames(), batch_size=2, seed=4, yield_prev_exists=False)
     sampler.sampler.set_epoch(1)  # what Lightning calls
     full = list(sampler)
     sampler.skip_next(3)
     assert list(sampler) == full[3:]
+    paired = streaming_batch_sampler(Records(), batch_size=2, seed=4)
+    paired.set_epoch(1)
+    assert [[i for i, _ in b] for b in paired] == full
     with pytest.raises(AttributeError, match="sequence_ids"):
         streaming_batch_sampler(object(), batch_size=2)

@@ -143,12 +143,26 @@ class SequenceGroupedBatchSampler(EpochBatchSampler):
 
 
 def streaming_batch_sampler(dataset: Any, batch_size: int, num_replicas: int = 1, rank: int = 0, seed: int = 0,
-                            **kwargs: Any) -> SequenceGroupedBatchSampler:
-    """``DriveDataModule(batch_sampler=...)`` factory: reads ``dataset.sequence_ids`` and
-    ``dataset.frame_idx`` (one entry per sample index); ``kwargs`` go to the sampler."""
-    for attr in ("sequence_ids", "frame_idx"):
-        if not hasattr(dataset, attr):
-            raise AttributeError(f"{type(dataset).__name__} has no {attr!r}: streaming batches need the sequence id "
-                                 "and the frame index of every sample")
-    return SequenceGroupedBatchSampler(dataset.sequence_ids, dataset.frame_idx, batch_size, num_replicas, rank, seed,
-                                       **kwargs)
+                            yield_prev_exists: bool = True, **kwargs: Any) -> SequenceGroupedBatchSampler:
+    """``DriveDataModule(batch_sampler=...)`` factory.
+
+    Sequence ids and frame indices come from ``dataset.sequence_ids`` / ``dataset.frame_idx`` (one
+    entry per sample index) or, failing those, from ``dataset.records`` (info dicts with
+    ``sequence_id`` and ``frame_idx``, as ``NuScenesDataset``). Batches hold ``(index,
+    prev_exists)`` pairs by default, which ``NuScenesDataset.__getitem__`` unpacks; ``kwargs`` go
+    to the sampler.
+    """
+    if hasattr(dataset, "sequence_ids") and hasattr(dataset, "frame_idx"):
+        sequence_ids, frame_idx = list(dataset.sequence_ids), list(dataset.frame_idx)
+    elif hasattr(dataset, "records"):
+        missing = [i for i, r in enumerate(dataset.records) if "sequence_id" not in r or "frame_idx" not in r]
+        if missing:
+            raise KeyError(f"{len(missing)} info records of {type(dataset).__name__} (first: index {missing[0]}) lack "
+                           "sequence_id / frame_idx: rebuild the info index with sequence fields")
+        sequence_ids = [int(r["sequence_id"]) for r in dataset.records]
+        frame_idx = [int(r["frame_idx"]) for r in dataset.records]
+    else:
+        raise AttributeError(f"{type(dataset).__name__} has neither sequence_ids/frame_idx nor records: streaming "
+                             "batches need the sequence id and the frame index of every sample")
+    return SequenceGroupedBatchSampler(sequence_ids, frame_idx, batch_size, num_replicas, rank, seed,
+                                       yield_prev_exists=yield_prev_exists, **kwargs)
