@@ -105,6 +105,9 @@ class DeformableAggregation(nn.Module):
         self.camera_encoder = linear_relu_ln(embed_dims, 1, 2, 12)
         self.weights_fc = nn.Linear(embed_dims, num_groups * num_levels * self.keypoints.num_points)
         self.output_proj = nn.Linear(embed_dims, embed_dims)
+        for layer in self.camera_encoder:  # upstream's encoder init: xavier on the aggregation's linears
+            if isinstance(layer, nn.Linear):
+                nn.init.xavier_uniform_(layer.weight)
         nn.init.zeros_(self.weights_fc.weight)
         nn.init.zeros_(self.weights_fc.bias)
         nn.init.xavier_uniform_(self.output_proj.weight)

@@ -97,18 +97,9 @@ def inside_grid(index: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     return inside
 
 
-def clamp_to_grid(index: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    return torch.stack([index[..., i].clamp(0, shape[i] - 1) for i in range(3)], dim=-1)
-
-
 def linear_voxel_index(index: torch.Tensor, shape: Sequence[int], batch: torch.Tensor | int = 0) -> torch.Tensor:
     """Key ((b * X + x) * Y + y) * Z + z of integer coordinates (..., 3)."""
     return ((batch * shape[0] + index[..., 0]) * shape[1] + index[..., 1]) * shape[2] + index[..., 2]
-
-
-def voxel_center_of(index: torch.Tensor, lower: Sequence[float], voxel_size: float, dtype: torch.dtype) -> torch.Tensor:
-    """Metric centres (..., 3) of integer voxel coordinates."""
-    return torch.stack([(index[..., i].to(dtype) + 0.5) * voxel_size + lower[i] for i in range(3)], dim=-1)
 
 
 def cube_offsets(radius: int, device: torch.device | None = None) -> torch.Tensor:

@@ -17,10 +17,7 @@ from typing import Any
 
 import torch
 
-from drivebench.models.gaussianformer.geometry import (
-    GridSpec, clamp_to_grid, cube_offsets, inside_grid, linear_voxel_index, precision_matrix, voxel_center_of,
-    voxel_index,
-)
+from drivebench.models.gaussianformer.geometry import GridSpec, cube_offsets, precision_matrix, voxel_index
 
 DEFAULT_CHUNK_PAIRS = 1 << 22  # (Gaussian, voxel) pairs per chunk: ~4.2M pairs, a few hundred MB at C=18
 
@@ -31,16 +28,26 @@ def window_radius(max_scale: float, voxel_size: float, scale_multiplier: float =
 
 
 class _PairGeometry:
-    """Voxel index, centre offset and validity of every (Gaussian, window voxel) pair of one chunk."""
+    """Voxel index, centre offset and validity of every (Gaussian, window voxel) pair of one chunk.
+
+    Built axis by axis so no (m, K, 3) integer tensor is materialised (it would dominate the chunk's memory).
+    """
 
     def __init__(self, means: torch.Tensor, centre: torch.Tensor, radius: torch.Tensor, batch: torch.Tensor,
                  offsets: torch.Tensor, grid: GridSpec) -> None:
-        nb = centre.unsqueeze(1) + offsets.unsqueeze(0)  # (m, K, 3)
-        self.valid = inside_grid(nb, grid.shape) & (offsets.abs().amax(-1) <= radius.unsqueeze(1))
-        nb = clamp_to_grid(nb, grid.shape)
-        self.index = linear_voxel_index(nb, grid.shape, batch.unsqueeze(1))
-        centres = voxel_center_of(nb, grid.lower, grid.voxel_size, means.dtype)
-        self.delta = centres - means.unsqueeze(1)  # (m, K, 3)
+        self.valid = offsets.abs().amax(-1) <= radius.unsqueeze(1)  # (m, K): inside the Gaussian's window
+        index = batch.unsqueeze(1)
+        deltas = []
+        for axis in range(3):
+            n = grid.shape[axis]
+            coord = centre[:, axis:axis + 1] + offsets[:, axis]  # (m, K)
+            self.valid = self.valid & (coord >= 0) & (coord < n)
+            coord = coord.clamp(0, n - 1)
+            index = index * n + coord
+            centre_m = (coord.to(means.dtype) + 0.5) * grid.voxel_size + grid.lower[axis]
+            deltas.append(centre_m - means[:, axis:axis + 1])
+        self.index = index
+        self.delta = torch.stack(deltas, dim=-1)  # (m, K, 3) voxel centre - mean
 
 
 class _SplatFunction(torch.autograd.Function):
