@@ -39,11 +39,18 @@ class FormatCameraSample:
             out["img_jpeg"] = [torch.from_numpy(np.asarray(b)) for b in results["img_jpeg"]]
             out["photometric_params"] = results.get("photometric_params", np.zeros((len(results["img_jpeg"]), 13)))
         else:
-            imgs = np.stack(results["img"])  # (N, H, W, 3)
-            chw = torch.from_numpy(np.ascontiguousarray(imgs.transpose(0, 3, 1, 2)))
-            if imgs.dtype == np.uint8:
+            views = results["img"]
+            shapes = {v.shape for v in views}
+            if len(shapes) > 1:
+                raise ValueError(f"views of one sample differ in size {sorted(shapes)}; pad or crop them to one size")
+            h, w = views[0].shape[:2]
+            chw_np = np.empty((len(views), 3, h, w), views[0].dtype)  # one copy: HWC -> CHW per view
+            for i, v in enumerate(views):
+                chw_np[i] = v.transpose(2, 0, 1)
+            chw = torch.from_numpy(chw_np)
+            if chw_np.dtype == np.uint8:
                 out["img_uint8"] = chw
-                out["photometric_params"] = results.get("photometric_params", np.zeros((len(imgs), 13)))
+                out["photometric_params"] = results.get("photometric_params", np.zeros((len(views), 13)))
             else:
                 out["img"] = chw.float()
         if self.device_warp:
