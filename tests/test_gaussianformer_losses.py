@@ -97,7 +97,8 @@ def test_occupancy_loss_terms_and_layer_average():
     labels_empty[:, :2] = 17
     changed = a.clone()
     changed[:, :, :2] = torch.randn_like(changed[:, :, :2])
-    torch.testing.assert_close(crit([a], labels_empty, mask)["loss_lovasz"], crit([changed], labels_empty, mask)["loss_lovasz"])
+    torch.testing.assert_close(crit([a], labels_empty, mask)["loss_lovasz"],
+                               crit([changed], labels_empty, mask)["loss_lovasz"])
     # masked-out voxels do not count at all
     mask2 = mask.clone()
     mask2[:, :2] = False

@@ -10,7 +10,8 @@ import torch
 
 from drivebench.models import create_model, get_spec
 
-NUSCENES_CAM_YAWS_DEG = (0.0, -55.0, 55.0, 180.0, 110.0, -110.0)  # FRONT, FRONT_RIGHT, FRONT_LEFT, BACK, BACK_LEFT, BACK_RIGHT
+# FRONT, FRONT_RIGHT, FRONT_LEFT, BACK, BACK_LEFT, BACK_RIGHT (the contract's camera order)
+NUSCENES_CAM_YAWS_DEG = (0.0, -55.0, 55.0, 180.0, 110.0, -110.0)
 
 
 def _camera_matrices(h: int, w: int, yaw_deg: float, height: float = 1.6) -> tuple[torch.Tensor, torch.Tensor]:

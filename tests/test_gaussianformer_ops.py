@@ -69,11 +69,12 @@ def test_precision_matrix_matches_linalg_inverse():
 
 
 def test_gaussian_axes_are_upstream_convention():
-    """Identity quaternion: axes = I; a 90 deg turn about z maps the first axis onto y... in upstream's R^T."""
+    """Axes are the columns of R^T (upstream): identity quaternion -> I; for a +90 deg turn about z the first
+    axis is R^T e_x = -y."""
     q = torch.tensor([[1.0, 0.0, 0.0, 0.0], [math.cos(math.pi / 4), 0.0, 0.0, math.sin(math.pi / 4)]])
     axes = gaussian_axes(q)
     torch.testing.assert_close(axes[0], torch.eye(3))
-    torch.testing.assert_close(axes[1] @ torch.tensor([1.0, 0.0, 0.0]), torch.tensor([0.0, -1.0, 0.0]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(axes[1][:, 0], torch.tensor([0.0, -1.0, 0.0]), atol=1e-6, rtol=0)
     # covariance is elongated along the axes: Sigma a_k = s_k^2 a_k
     s = torch.tensor([[2.0, 0.5, 0.3]]).expand(2, 3)
     sigma = covariance(s, q)

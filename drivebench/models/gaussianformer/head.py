@@ -66,7 +66,8 @@ class GaussianOccupancyHead(nn.Module):
                              f"{self.with_empty}, num_classes={self.num_classes}) needs {self.gaussian_classes}")
         opacity = gaussians.opacities[..., 0] if gaussians.opacities.shape[-1] else torch.ones_like(sem[..., 0])
         if self.with_empty:
-            sem = torch.cat([sem[..., :self.empty_label], torch.zeros_like(sem[..., :1]), sem[..., self.empty_label:]], -1)
+            zero = torch.zeros_like(sem[..., :1])
+            sem = torch.cat([sem[..., :self.empty_label], zero, sem[..., self.empty_label:]], dim=-1)
         out = splat_gaussians(gaussians.means, gaussians.scales, gaussians.rotations, opacity, sem, self.grid,
                               self.max_radius, self.scale_multiplier, self.chunk_pairs)
         if self.with_empty:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import torch
 from torch import nn
 
 from drivebench.models.gaussianformer.anchor import AnchorEncoder, AnchorLayout, GaussianLifter
