@@ -102,7 +102,8 @@ def test_registry_sizes_and_metadata():
         create_model("gaussianformer", "gs1")
 
 
-@pytest.mark.parametrize("size, low, high", [("gs25600", 56.8e6, 57.3e6), ("gs144000", 75.2e6, 75.7e6)])
+@pytest.mark.parametrize("size, low, high", [("gs25600", 56.8e6, 57.3e6), ("gs144000", 75.2e6, 75.7e6),
+                                             ("gs25600_r50", 35.9e6, 36.6e6)])
 def test_paper_sizes_parameter_counts(size, low, high):
     """models.md: ~57.0M and ~75.5M with R101-DCN (frozen BN here are buffers: ~0.1M fewer)."""
     with torch.device("meta"):

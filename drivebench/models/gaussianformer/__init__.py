@@ -1,4 +1,4 @@
-"""GaussianFormer registered as ``gaussianformer`` with sizes ``gs25600`` (default), ``gs144000`` and ``test``.
+"""GaussianFormer registered as ``gaussianformer``: sizes ``gs25600`` (default), ``gs144000``, ``gs25600_r50``, ``test``.
 
 Sizes follow huang-yh/GaussianFormer ``config/nuscenes_gs25600_solid.py`` and ``nuscenes_gs144000.py``:
 
@@ -7,10 +7,13 @@ Sizes follow huang-yh/GaussianFormer ``config/nuscenes_gs25600_solid.py`` and ``
   layer supervised (``apply_loss_type="random_1"``). ~57.0M parameters with R101-DCN.
 * ``gs144000`` (baseline): 144,000 Gaussians, no opacity, 18 raw semantics (empty is an ordinary
   class), scales in [0.08, 0.32] m, steps <= (2, 2, 0.5) m, all 4 layers supervised. ~75.5M.
+* ``gs25600_r50``: ``gs25600`` on a plain ResNet-50 without DCN (upstream's base backbone; frozen like the
+  R101 here: stem + stage 1 and all BN), ~36.2M parameters.
 * ``test``: a few hundred Gaussians on a 20x20x4 grid of 1 m voxels, ResNet-50 / 16, d=32 (CPU tests).
 
 Backbone: ResNet-101 with DCNv2 (``torchvision.ops.deform_conv2d``) in stages 3-4, as upstream's
-R101-DCN; ``depth=resnet50, dcn_stages=()`` gives the plain R50 of upstream's base config.
+R101-DCN (frozen BN are buffers here, so counts are ~0.1M below upstream's); ``depth=resnet50,
+dcn_stages=()`` gives the plain R50 of upstream's base config.
 Images: 6 x 1600x864 (full resolution, cropped) for the paper sizes. Grid: SurroundOcc's 200x200x16
 voxels of 0.5 m over x, y in [-50, 50), z in [-5, 3) m of the lidar frame; 18 classes, 17 = empty.
 """
@@ -37,6 +40,13 @@ SIZES: dict[str, dict[str, Any]] = {
         **_PAPER_BACKBONE, **_NUSCENES_OCC, num_gaussians=144000, scale_range=(0.08, 0.32), unit_xyz=(2.0, 2.0, 0.5),
         include_opacity=False, semantics_activation="identity", with_empty=False, sparse_voxel_size=0.5,
         sparse_out_proj=False, loss_layers="all", aggregation_checkpoint=True,
+    ),
+    # the solid config on upstream's base backbone (config/_base_/model.py: plain ResNet-50, no DCN)
+    "gs25600_r50": dict(
+        **{**_PAPER_BACKBONE, "depth": "resnet50", "dcn_stages": ()}, **_NUSCENES_OCC, num_gaussians=25600,
+        scale_range=(0.08, 0.64), unit_xyz=(4.0, 4.0, 1.0), include_opacity=True, semantics_activation="softplus",
+        with_empty=True, empty_mean=(0.0, 0.0, -1.0), empty_scale=(100.0, 100.0, 8.0), sparse_voxel_size=0.5,
+        sparse_out_proj=True, loss_layers="last", aggregation_checkpoint=False,
     ),
     "test": dict(
         depth="resnet50", dcn_stages=(2, 3), width_div=16, embed_dims=32, ffn_dims=64, num_gaussians=200,
