@@ -1,4 +1,4 @@
-"""GaussianFormer registered as ``gaussianformer``: sizes ``gs25600`` (default), ``gs144000``, ``gs25600_r50``, ``test``.
+"""GaussianFormer registered as ``gaussianformer``: sizes gs25600 (default), gs144000, gs25600_r50, test.
 
 Sizes follow huang-yh/GaussianFormer ``config/nuscenes_gs25600_solid.py`` and ``nuscenes_gs144000.py``:
 
