@@ -169,13 +169,14 @@ def test_every_trainable_parameter_gets_a_gradient(tiny_model):
 
 
 def test_baseline_variant_without_opacity_and_empty_gaussian():
-    """gs144000's head layout: 18 raw semantics, no opacity, no empty Gaussian, all layers supervised."""
+    """gs144000's layout: 18 raw semantics, no opacity, no empty Gaussian, checkpointed aggregation."""
     net = create_model("gaussianformer", "test", include_opacity=False, semantics_activation="identity",
-                       with_empty=False, sparse_out_proj=False, num_gaussians=64)
+                       with_empty=False, sparse_out_proj=False, num_gaussians=64, aggregation_checkpoint=True)
     out = net(make_batch(1))
     assert out["gaussians"][0].opacities.shape[-1] == 0 and out["gaussians"][0].semantics.shape[-1] == 18
     sum(o.sum() for o in out["occ_logits"]).backward()
     assert net.lifter.anchor.grad is not None
+    assert net.blocks[1].aggregation.keypoints.learnable_fc.weight.grad.abs().sum() > 0
 
 
 def test_tiny_model_overfits_a_fixed_batch():
