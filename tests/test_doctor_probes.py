@@ -215,3 +215,14 @@ def test_compile_failure_is_fail_only_where_the_config_compiles(monkeypatch):
     assert result.status is Status.FAIL and "C++ compiler" in result.saw and "accel.compile=false" in result.remedy
     ctx = build_context(["accel.compile=false"], skip_slow=False)
     assert torch_compile.compile_cpu(ctx).status is Status.WARN
+
+
+def test_remote_checkpoint_url_is_checked_with_fsspec():
+    ctx = build_context(["ckpt=remote", "ckpt.dir=memory://doctor-test/run", "model.size=tiny"], skip_slow=False)
+    result = storage.ckpt_dir_check(ctx)
+    assert result.status is Status.PASS and "remote store (memory)" in result.saw
+    write = storage.ckpt_write_check(ctx)
+    assert write.status is Status.PASS and write.data["write"]["nbytes"] == ctx.checkpoint_bytes()[0]
+    import fsspec
+
+    assert fsspec.filesystem("memory").ls("/doctor-test/run") == []  # the probe object was removed

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -38,6 +39,19 @@ def compose_config(overrides: list[str]) -> DictConfig:
     except (HydraException, OmegaConfBaseException) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"the overrides do not compose ({first})") from err
+
+
+@dataclass
+class CkptTarget:
+    """Where checkpoints go: a local directory (``path``) or an fsspec URL (``path`` is None)."""
+
+    location: str
+    path: Path | None
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)  # credentials: never printed
+
+    @property
+    def remote(self) -> bool:
+        return self.path is None
 
 
 @dataclass
@@ -77,13 +91,23 @@ class DoctorContext:
         """``paths.cache``: embedded datasets, preprocessing caches and the doctor's own cache."""
         return Path(str(self.select("paths.cache", Path.home() / ".cache" / "drivebench"))).expanduser()
 
-    def ckpt_dir(self) -> tuple[Path | None, str | None]:
-        """``(ckpt.dir, error)``; ``(None, None)`` when the run writes no checkpoints."""
+    def ckpt_target(self) -> tuple["CkptTarget | None", str | None]:
+        """``(where checkpoints go, error)``; ``(None, None)`` when the run writes no checkpoints."""
+        ckpt = self.cfg.get("ckpt")
+        if ckpt is not None and "dir" in ckpt and OmegaConf.is_missing(ckpt, "dir"):
+            return None, f"ckpt={ckpt.get('name')} needs a location: set ckpt.dir=<path or URL>"
         try:
             value = OmegaConf.select(self.cfg, "ckpt.dir")
         except Exception as err:
             return None, f"ckpt.dir cannot be resolved outside a run ({error_text(err)})"
-        return (Path(str(value)).expanduser().absolute(), None) if value not in (None, "") else (None, None)
+        if value in (None, ""):
+            return None, None
+        options = self.select("ckpt.storage_options", {}) or {}
+        parsed = urlparse(str(value))
+        if len(parsed.scheme) > 1 and parsed.scheme != "file":  # "C:\" is a drive, not a scheme
+            return CkptTarget(str(value), None, options), None
+        local = Path(parsed.path if parsed.scheme == "file" else str(value)).expanduser().absolute()
+        return CkptTarget(str(value), local, options), None
 
     def data_location(self) -> DataLocation:
         """The dataset root as the configured data source derives it (``data.root`` or the embedded set)."""

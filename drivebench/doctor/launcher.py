@@ -14,6 +14,7 @@ from typing import Any
 
 from drivebench.doctor.context import DoctorContext
 from drivebench.doctor.result import Check, CheckResult, failed, informed, passed
+from drivebench.errors import ConfigError
 
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 NUMERIC_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT")
@@ -82,18 +83,18 @@ def _lightning_sees_slurm() -> tuple[bool | None, bool | None]:
         return bool(SLURMEnvironment.detect()), bool(TorchElasticEnvironment.detect())
 
 
-def resolved_devices(ctx: DoctorContext) -> int | list[int] | None:
-    """``dist.devices`` as the run resolves it (``auto``: every GPU, or 1 process on the CPU)."""
-    devices = ctx.select("dist.devices", 1)
-    if devices in ("auto", -1, "-1"):
-        return len(ctx.machine.gpus) or 1
-    if isinstance(devices, list):
-        return [int(d) for d in devices]
-    if isinstance(devices, str) and "," in devices:
-        return [int(d) for d in devices.split(",") if d.strip()]
+def resolved_devices(ctx: DoctorContext) -> int:
+    """``dist.devices`` as the run resolves it (:func:`drivebench.dist.resolve_devices`); ConfigError if invalid."""
+    from drivebench.dist import resolve_devices
+
+    accelerator = "gpu" if ctx.machine.accelerator == "cuda" else "cpu"
+    return resolve_devices(ctx.cfg.dist, len(ctx.machine.gpus), accelerator)
+
+
+def _devices_or_none(ctx: DoctorContext) -> int | None:
     try:
-        return int(devices)
-    except (TypeError, ValueError):
+        return resolved_devices(ctx)
+    except Exception:  # reported by launcher.devices
         return None
 
 
@@ -120,8 +121,7 @@ def slurm_env(ctx: DoctorContext) -> CheckResult:
     if ntasks and ntasks > 1 and per_node is None:
         problems.append(f"SLURM_NTASKS={ntasks} without SLURM_NTASKS_PER_NODE (Lightning rejects --ntasks; use "
                         "--ntasks-per-node)")
-    devices = resolved_devices(ctx)
-    device_count = len(devices) if isinstance(devices, list) else devices
+    device_count = _devices_or_none(ctx)
     if per_node is not None and _int(per_node) is not None and device_count is not None and \
             _int(per_node) != device_count:
         problems.append(f"SLURM_NTASKS_PER_NODE={per_node} but dist.devices resolves to {device_count}")
@@ -143,28 +143,25 @@ def slurm_env(ctx: DoctorContext) -> CheckResult:
 def devices_check(ctx: DoctorContext) -> CheckResult:
     """``dist.devices`` against the GPUs present (and against torchrun's LOCAL_WORLD_SIZE)."""
     raw = ctx.select("dist.devices", 1)
-    devices = resolved_devices(ctx)
     gpus = len(ctx.machine.gpus)
     strategy = ctx.select("dist.strategy", "auto")
-    data = {"devices": raw, "resolved": devices, "gpus": gpus, "strategy": strategy,
-            "accelerator": ctx.machine.accelerator}
-    if devices is None:
-        return failed(f"dist.devices={raw!r} is not understood", "use a count (dist.devices=2), a list ([0,1]) or auto",
-                      data)
-    count = len(devices) if isinstance(devices, list) else devices
+    data: dict[str, Any] = {"devices": raw, "gpus": gpus, "strategy": strategy, "accelerator": ctx.machine.accelerator}
+    try:
+        count = resolved_devices(ctx)
+    except ConfigError as err:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+        return failed(f"{err} (CUDA_VISIBLE_DEVICES={visible})",
+                      f"dist.devices=auto ({'all ' + str(gpus) + ' GPUs' if gpus else 'no GPU here'}) or a number up "
+                      f"to {max(gpus, 1)}", data)
+    data["resolved"] = count
     if ctx.machine.accelerator == "cuda":
-        too_many = (max(devices) >= gpus) if isinstance(devices, list) and devices else count > gpus
-        if too_many:
-            return failed(f"dist.devices={raw} but {gpus} GPU(s) are visible (CUDA_VISIBLE_DEVICES="
-                          f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})",
-                          f"dist.devices=auto (all {gpus}) or a number up to {gpus}", data)
         saw = f"dist.devices={raw} -> {count} of {gpus} GPU(s), strategy={strategy}"
     else:
         explicit_cpu = str(ctx.select("machine.accelerator", "auto")) == "cpu"
         if count > 1 and not explicit_cpu and raw != "auto":
-            return failed(f"dist.devices={raw} but this machine has no GPU",
-                          "run on a GPU machine, or dist.devices=1 here (machine.accelerator=cpu if you mean "
-                          f"{count} CPU processes)", data)
+            return failed(f"dist.devices={raw} but this machine has no GPU (the run would start {count} CPU "
+                          "processes)", "run on a GPU machine, or dist.devices=1 here (machine.accelerator=cpu if "
+                                        f"you mean {count} CPU processes)", data)
         saw = f"dist.devices={raw} -> {count} CPU process(es), strategy={strategy}"
     local_world = _int(os.environ.get("LOCAL_WORLD_SIZE"))
     if local_world is not None and local_world != count:

@@ -14,9 +14,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from drivebench.doctor.context import DoctorContext
+from drivebench.doctor.context import CkptTarget, DoctorContext
 from drivebench.doctor.probe import error_text, gib
 from drivebench.doctor.result import Check, CheckResult, failed, informed, passed, warned
+from drivebench.errors import ConfigError
 from drivebench.perf.machine import filesystem_of
 
 NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "cephfs", "glusterfs",
@@ -84,11 +85,15 @@ def _fs_text(fs: dict) -> str:
 
 def ckpt_dir_check(ctx: DoctorContext) -> CheckResult:
     """ckpt.dir: can be created and written, its filesystem, and room for the checkpoints the run keeps."""
-    directory, error = ctx.ckpt_dir()
+    target, error = ctx.ckpt_target()
     if error:
-        return failed(error, "set ckpt.dir to a plain path, e.g. ckpt.dir=/local/disk/checkpoints")
-    if directory is None:
+        return failed(error, "set ckpt.dir to a writable path or URL, e.g. ckpt.dir=/local/disk/checkpoints")
+    if target is None:
         return informed("ckpt=none: this run writes no checkpoints")
+    if target.remote:
+        return _remote_ckpt_dir(target)
+    directory = target.path
+    assert directory is not None
     remedy = (f"point ckpt.dir at a writable directory on local disk (e.g. ckpt.dir=$HOME/drivebench-ckpt), or fix "
               f"the permissions of {directory}")
     try:
@@ -99,48 +104,95 @@ def ckpt_dir_check(ctx: DoctorContext) -> CheckResult:
                       {"dir": str(directory)})
     fs = filesystem_of(directory)
     size, how = ctx.checkpoint_bytes()
-    copies = max(int(ctx.select("ckpt.keep_last_k", 1) or 1), 1) + int(bool(ctx.select("ckpt.save_last"))) + 1
+    keep = int(ctx.select("ckpt.keep_last_k", 1) or 0)
+    copies = (keep if keep > 0 else 1) + 1  # the kept ones + the one being written (keep_last_k=0: all, at least 2)
     need = size * copies
     stand_in = ""
     if ctx.output_stand_in is not None and ctx.output_stand_in in [directory, *directory.parents]:
-        stand_in = " (a stand-in under the Hydra run directory's parent)"
+        stand_in = " (stand-in for the Hydra run directory, see the note above)"
     saw = (f"ckpt.dir={directory}{stand_in}: writable, {_fs_text(fs)}; a checkpoint is ~{gib(size)} ({how}), "
-           f"the run keeps up to {copies} at once")
+           f"up to {copies} on disk at once")
     data = {"dir": str(directory), "filesystem": fs, "checkpoint_bytes": size, "estimate": how, "copies": copies,
             "network": is_network_fs(fs["fstype"])}
     if fs["free_gb"] is not None and fs["free_gb"] * 2**30 < need:
-        return failed(saw + f": needs {gib(need)}", "free space there or move ckpt.dir to a larger disk", data)
+        return failed(saw + f": needs {gib(need)}",
+                      "free space there, lower ckpt.keep_last_k, or move ckpt.dir to a larger disk", data)
     if fs["fstype"] in VOLATILE_FS:
         return warned(saw + f": {fs['fstype']} is lost when the machine or container goes away",
                       "put ckpt.dir on persistent storage (a mounted volume on local disk)", data)
+    if keep == 0:
+        return warned(saw + "; ckpt.keep_last_k=0 keeps every checkpoint, so the directory grows all run",
+                      "set ckpt.keep_last_k=2 unless every checkpoint is needed", data)
     return passed(saw, data)
+
+
+def _remote_ckpt_dir(target: CkptTarget) -> CheckResult:
+    """A checkpoint URL: the run's own preflight (create, write and delete a probe object)."""
+    from drivebench.ckpt.store import CheckpointStore
+
+    data = {"dir": target.location, "remote": True}
+    try:
+        store = CheckpointStore(target.location, target.storage_options)
+        store.prepare()
+    except ConfigError as err:
+        return failed(str(err), "check the URL, its fsspec backend (s3fs, gcsfs, ...) and ckpt.storage_options", data)
+    except Exception as err:
+        return failed(f"ckpt.dir={target.location} cannot be written: {error_text(err)}",
+                      "check the URL, its fsspec backend (s3fs, gcsfs, ...) and ckpt.storage_options", data)
+    return passed(f"ckpt.dir={target.location}: a remote store ({store.protocol}), writable; speed: see "
+                  "storage.ckpt_write", data)
+
+
+def _remote_write(target: CkptTarget, nbytes: int) -> WriteStats:
+    """One object of ``nbytes`` sent to the checkpoint URL (as the run sends a checkpoint), then removed."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(target.location, **target.storage_options)
+    name = f"{str(root).rstrip('/')}/{_probe_name()}"
+    payload = os.urandom(nbytes)
+    started = time.perf_counter()
+    try:
+        fs.pipe(name, payload)
+        return WriteStats(nbytes, time.perf_counter() - started, 0.0)
+    finally:
+        try:
+            fs.rm(name)
+        except Exception:  # already gone, or the backend cannot delete: nothing else to do
+            pass
 
 
 def ckpt_write_check(ctx: DoctorContext) -> CheckResult:
     """Write + fsync of one checkpoint-sized file in ckpt.dir: latency and bandwidth, against local disk."""
-    directory, error = ctx.ckpt_dir()
-    if error or directory is None:
+    target, error = ctx.ckpt_target()
+    if error or target is None:
         return informed("no checkpoint directory to measure (see storage.ckpt_dir)")
     size, how = ctx.checkpoint_bytes()
     try:
-        ctx.made.make(directory)
-        stats = write_probe(directory, size)
-    except OSError as err:
-        return failed(f"writing {gib(size)} into {directory} failed: {error_text(err)}",
-                      "point ckpt.dir at a writable directory with room for the checkpoints", {"dir": str(directory)})
-    fs = filesystem_of(directory)
+        if target.remote:
+            stats, fs = _remote_write(target, size), {"fstype": "remote", "mount": target.location, "free_gb": None}
+        else:
+            assert target.path is not None
+            ctx.made.make(target.path)
+            stats, fs = write_probe(target.path, size), filesystem_of(target.path)
+    except Exception as err:  # OSError locally; fsspec backends raise many kinds
+        return failed(f"writing {gib(size)} to {target.location} failed: {error_text(err)}",
+                      "point ckpt.dir at a writable location with room for the checkpoints", {"dir": target.location})
     local = local_write(ctx, size)
-    data = {"dir": str(directory), "filesystem": fs, "write": asdict(stats), "mb_per_s": stats.mb_per_s,
-            "local_mb_per_s": local.mb_per_s if local else None}
-    saw = (f"{gib(size)} written with fsync in {stats.seconds:.2f} s ({stats.mb_per_s:.0f} MB/s, fsync "
-           f"{stats.fsync_s:.2f} s) on {fs['fstype']}: a synchronous save blocks the step about that long")
+    local_fs = filesystem_of(tempfile.gettempdir())
+    same_fs = not target.remote and local_fs["mount"] == fs["mount"]
+    data = {"dir": target.location, "filesystem": fs, "write": asdict(stats), "mb_per_s": stats.mb_per_s,
+            "local_mb_per_s": local.mb_per_s if local else None, "same_fs_as_tmp": same_fs}
+    saw = (f"{gib(size)} written{' with fsync' if not target.remote else ''} in {stats.seconds:.2f} s "
+           f"({stats.mb_per_s:.0f} MB/s) on {fs['fstype']}: a synchronous save blocks the step about that long")
     if local is not None:
-        saw += f"; system temp dir: {local.mb_per_s:.0f} MB/s"
-    if is_network_fs(fs["fstype"]) and local is not None and stats.mb_per_s < SLOW_RATIO * local.mb_per_s:
-        return warned(saw + f": the network mount ({fs['fstype']}) is {local.mb_per_s / stats.mb_per_s:.1f}x "
-                            "slower than local disk",
-                      "write checkpoints to local disk (ckpt.dir=/local/path) and copy them to shared storage "
-                      "afterwards, or use storage in the same zone as the machine", data)
+        saw += (f"; system temp dir {local.mb_per_s:.0f} MB/s" + (" (the same filesystem)" if same_fs else ""))
+    network = target.remote or is_network_fs(fs["fstype"])
+    if network and local is not None and stats.mb_per_s < SLOW_RATIO * local.mb_per_s:
+        return warned(saw + f": the {'remote store' if target.remote else 'network mount (' + fs['fstype'] + ')'} "
+                            f"is {local.mb_per_s / stats.mb_per_s:.1f}x slower than local disk",
+                      "write checkpoints to local disk (ckpt.dir=/local/path) or use ckpt=async so the write leaves "
+                      "the training loop, and copy them to shared storage afterwards; or use storage in the same "
+                      "zone as the machine", data)
     return passed(saw, data)
 
 
