@@ -15,10 +15,11 @@ NUSCENES_CAM_YAWS_DEG = (0.0, -55.0, 55.0, 180.0, 110.0, -110.0)
 
 
 def _camera_matrices(h: int, w: int, yaw_deg: float, height: float = 1.6) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cam2lidar 4x4, intrinsic 3x3) of a pinhole camera at ``height`` looking along ``yaw`` (70 deg fov)."""
+    """(cam2lidar 4x4, intrinsic 3x3) of a pinhole camera at ``height``, 70 deg fov, turned ``yaw`` to the left
+    of the vehicle's forward direction; LIDAR_TOP as the contract has it: x right, y forward, z up."""
     yaw = math.radians(yaw_deg)
-    forward = torch.tensor([math.cos(yaw), math.sin(yaw), 0.0])
-    right = torch.tensor([math.sin(yaw), -math.cos(yaw), 0.0])
+    forward = torch.tensor([-math.sin(yaw), math.cos(yaw), 0.0])
+    right = torch.tensor([math.cos(yaw), math.sin(yaw), 0.0])
     down = torch.tensor([0.0, 0.0, -1.0])
     cam2lidar = torch.eye(4)
     cam2lidar[:3, :3] = torch.stack([right, down, forward], dim=1)  # columns: camera x, y, z in lidar frame
