@@ -66,21 +66,32 @@ class CityFrame:
 
 # --- map JSON ---------------------------------------------------------------------------
 def _lane_polylines(lanes: list[Lane], center_spacing: float) -> tuple[list, list, list]:
-    """Sparse centerlines and boundaries: straight boundaries keep their ends only, curves more."""
-    turns = np.array([abs(float(np.sum(wrap_angle(np.diff(lane.heading[:-1]))))) for lane in lanes])
+    """Sparse centerlines and boundaries: straight boundaries keep their ends only, curves more.
+
+    Vectorised over all lanes (a map has hundreds; per-lane numpy calls would dominate).
+    """
+    sizes = np.array([len(lane.center) for lane in lanes])
+    starts = np.cumsum(sizes) - sizes
+    center = np.concatenate([lane.center for lane in lanes])
+    heading = np.concatenate([lane.heading for lane in lanes])  # heading[k] = segment k -> k+1
+    # Total turn per lane: wrapped heading steps between its segments.
+    step = wrap_angle(np.diff(heading))
+    step[starts[1:] - 1] = 0.0  # across two lanes
+    step_owner = np.repeat(np.arange(len(lanes)), sizes)[:-1]
+    inner = np.ones(len(step), bool)
+    inner[np.concatenate([starts[1:] - 2, starts[1:] - 1])] = False  # the repeated last heading
+    turns = np.abs(np.bincount(step_owner[inner], weights=step[inner], minlength=len(lanes)))
     turn_points = np.ceil(np.degrees(turns) / 12.0).astype(np.int64)
     lengths = np.array([lane.length for lane in lanes])
-    n_center = np.maximum.reduce([np.full(len(lanes), 2), np.ceil(lengths / center_spacing).astype(np.int64) + 1,
-                                  2 + turn_points])
+    n_center = np.maximum(np.maximum(np.ceil(lengths / center_spacing).astype(np.int64) + 1, 2 + turn_points), 2)
     n_boundary = 2 + turn_points
-    lefts, rights = [], []
-    for lane in lanes:
-        # Normal at each point: the bisector of the segments before and after it.
-        before = np.concatenate([lane.heading[:1], lane.heading[:-2], lane.heading[-1:]])
-        bisector = before + 0.5 * wrap_angle(lane.heading - before)
-        offset = lane.half_width * left_normals(bisector)
-        lefts.append(lane.center + offset)
-        rights.append(lane.center - offset)
+    # Normal at each point: the bisector of the segments before and after it.
+    before = np.roll(heading, 1)
+    before[starts] = heading[starts]
+    bisector = before + 0.5 * wrap_angle(heading - before)
+    offset = np.repeat(np.array([lane.half_width for lane in lanes]), sizes)[:, None] * left_normals(bisector)
+    split = np.cumsum(sizes)[:-1]
+    lefts, rights = np.split(center + offset, split), np.split(center - offset, split)
     return (resample_many([lane.center for lane in lanes], n_center), resample_many(lefts, n_boundary),
             resample_many(rights, n_boundary))
 
