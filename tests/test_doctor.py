@@ -15,7 +15,7 @@ import pytest
 from drivebench.doctor import extensions, memory, probe, versions
 from drivebench.doctor.cli import main
 from drivebench.doctor.context import build_context
-from drivebench.doctor.registry import CHECKS, run_check
+from drivebench.doctor.registry import CHECKS
 from drivebench.doctor.result import Status
 
 LAUNCHER = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -46,7 +46,8 @@ def test_cli_default_overrides_fit_to_train_here(tmp_path, capsys):
     assert list(records) == [c.name for c in CHECKS]  # every check, in registry order
     assert records["gpu.inventory"]["status"] == "INFO" and "no GPU" in records["gpu.inventory"]["saw"]
     assert "no GPU" in records["gpu.p2p_copy"]["saw"]
-    assert records["versions.torchvision"]["status"] == "PASS" and "nms loads on cpu" in records["versions.torchvision"]["saw"]
+    tv = records["versions.torchvision"]
+    assert tv["status"] == "PASS" and "nms loads on cpu" in tv["saw"]
     for slow in ("storage.ckpt_write", "storage.data_read", "gpu.allreduce", "compile.cpu"):
         assert records[slow]["status"] == "INFO" and "skipped" in records[slow]["saw"]
     assert "versions.python" in text and "fit to train" in text

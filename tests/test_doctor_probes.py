@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import textwrap
 from pathlib import Path
 
@@ -145,7 +144,8 @@ def test_allreduce_check_caches_its_verdict_and_fails_when_config_forces_p2p(tmp
     import torch
 
     monkeypatch.setattr(gpus, "_cuda_gpus", lambda: (torch, 2, None))
-    monkeypatch.setattr(gpus, "_pair_levels", lambda t, pairs: {p: {"link": "PCIe", "nccl_level": "PHB"} for p in pairs})
+    pcie = {"link": "PCIe", "nccl_level": "PHB"}
+    monkeypatch.setattr(gpus, "_pair_levels", lambda t, pairs: {p: pcie for p in pairs})
     measured = {True: {(0, 1): {"error": "hung: no answer after 45 s (killed)"}},
                 False: {(0, 1): {"busbw_gbs": 21.0, "correct": True}}}
     monkeypatch.setattr(gpus, "_measure_allreduce", lambda count, pairs, p2p: measured[p2p])
@@ -180,7 +180,8 @@ def test_storage_bandwidth_checks_measure_and_clean_up(tmp_path):
     assert read.status is Status.PASS and read.data["files"] == 12 and read.data["bytes"] >= 6 * 256 * 1024
     ctx.made.cleanup()
     assert not ckpt.exists()  # the doctor made it, the doctor removed it
-    assert sorted(p.name for p in (root / "train" / "s0").iterdir()) == ["log_map_archive_s0.json", "scenario_s0.parquet"]
+    kept = sorted(p.name for p in (root / "train" / "s0").iterdir())
+    assert kept == ["log_map_archive_s0.json", "scenario_s0.parquet"]  # the dataset is only read
 
 
 def test_slow_network_checkpoint_mount_warns(tmp_path, monkeypatch):
@@ -199,6 +200,7 @@ def test_missing_real_data_root_fails_with_remedy(tmp_path):
     assert result.status is Status.FAIL and "does not exist" in result.saw and "data.root" in result.remedy
 
 
+@pytest.mark.slow  # a real inductor compile with cold caches: ~15-35 s on 2 cores
 def test_torch_compile_smoke_test_on_cpu(tmp_path):
     ctx = build_context([], skip_slow=False)
     result = torch_compile.compile_cpu(ctx)
@@ -226,3 +228,16 @@ def test_remote_checkpoint_url_is_checked_with_fsspec():
     import fsspec
 
     assert fsspec.filesystem("memory").ls("/doctor-test/run") == []  # the probe object was removed
+
+
+@pytest.mark.slow  # three spawned ranks import torch: ~10-25 s on 2 cores
+def test_allreduce_probe_measures_every_pair_over_gloo(monkeypatch):
+    """The NCCL probe's orchestration (spawned ranks, pair groups, records, barriers) run on the CPU with gloo."""
+    env = probe.probe_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"})
+    results = gpus._run_pairs("drivebench.doctor._allreduce_probe", [(0, 1), (0, 2), (1, 2)],
+                              ["--world", "3", "--mib", "1", "--warmup", "1", "--iters", "2", "--backend", "gloo"],
+                              env, startup_s=180, pair_s=60)
+    assert set(results) == {(0, 1), (0, 2), (1, 2)}
+    for pair, record in results.items():
+        assert "error" not in record, record
+        assert record["correct"] and record["busbw_gbs"] > 0

@@ -20,7 +20,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m drivebench.doctor",
         description="Is this machine and environment fit to train drivebench, and what to change. Takes the "
-                    "same Hydra overrides as a training run (model=..., accel=..., dist=..., ckpt.dir=..., data.root=...).")
+                    "same Hydra overrides as a training run (model=..., accel=..., dist=..., ckpt.dir=..., "
+                    "data.root=...).")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for `python -m drivebench`")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the records as JSON")
     parser.add_argument("--skip-slow", action="store_true",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 import drivebench
 from drivebench.accel.settings import AccelSettings
@@ -84,7 +84,7 @@ class DoctorContext:
             value = OmegaConf.select(self.cfg, key, default=default)
         except Exception:  # an interpolation that only resolves inside a real run
             return default
-        return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+        return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
 
     @property
     def cache_root(self) -> Path:

@@ -222,7 +222,8 @@ def nccl_allreduce(ctx: DoctorContext) -> CheckResult:
     verdict = recommend_p2p(measures)
     key = current_machine_key()
     data: dict[str, Any] = {"verdict": verdict.value, "reason": verdict.reason, "machine_key": key,
-                            "pairs": [m.__dict__ for m in measures], "links": {f"{a}-{b}": v for (a, b), v in links.items()}}
+                            "pairs": [m.__dict__ for m in measures],
+                            "links": {f"{a}-{b}": v for (a, b), v in links.items()}}
     if key is not None and verdict.value is not None:
         try:
             data["cache"] = str(write_verdict(ctx.cache_root, key, verdict, measures,

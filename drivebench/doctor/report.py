@@ -66,8 +66,8 @@ class Printer:
     def footer(self, results: list[CheckResult], json_path: Path | None) -> None:
         counts = Counter(r.status for r in results)
         summary = ", ".join(f"{counts.get(s, 0)} {s.value}" for s in Status)
-        verdict = ("not fit to train: fix the FAIL lines" if counts.get(Status.FAIL)
-                   else "fit to train" + (" (the WARN lines cost speed or robustness)" if counts.get(Status.WARN) else ""))
+        caveat = " (the WARN lines cost speed or robustness)" if counts.get(Status.WARN) else ""
+        verdict = "not fit to train: fix the FAIL lines" if counts.get(Status.FAIL) else "fit to train" + caveat
         self.line("")
         self.line(f"{summary}: {verdict}", "bold red" if counts.get(Status.FAIL) else "bold green")
         if json_path is not None:

@@ -215,8 +215,8 @@ def data_root_check(ctx: DoctorContext) -> CheckResult:
                                       "embedded synthetic set", {"root": str(location.root)})
     data: dict = {"root": str(location.root), "embedded": location.embedded,
                   "cache_dir": str(location.cache_dir) if location.cache_dir else None}
-    for label, directory in (("preprocessing cache", location.cache_dir),
-                             ("embedded dataset", location.root.parent if location.embedded and location.root else None)):
+    embedded_parent = location.root.parent if location.embedded and location.root else None
+    for label, directory in (("preprocessing cache", location.cache_dir), ("embedded dataset", embedded_parent)):
         if directory is None:
             continue
         try:
