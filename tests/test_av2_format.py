@@ -169,3 +169,19 @@ def test_generator_refuses_a_folder_it_did_not_make(tmp_path: Path) -> None:
     assert (tmp_path / "train" / "precious").exists()
     with pytest.raises(ValueError, match="size='huge'"):
         generate_av2(tmp_path / "other", size="huge")
+
+
+def test_concurrent_callers_wait_for_the_generator(tmp_path: Path) -> None:
+    """DDP ranks on one host call ensure_generated together; a lock makes them take turns."""
+    import threading
+
+    from drivebench.data.argoverse2.generate import _exclusive
+
+    root = tmp_path / "shared"
+    waiter = threading.Thread(target=ensure_generated, args=(root,), kwargs={"size": "mini", "progress": False})
+    with _exclusive(tmp_path / ".shared.lock"):  # another rank is generating
+        waiter.start()
+        waiter.join(timeout=0.5)
+        assert waiter.is_alive() and not root.exists(), "must wait for the lock holder"
+    waiter.join(timeout=120)
+    assert not waiter.is_alive() and read_manifest(root)["counts"]["train"] == SIZES["mini"].train

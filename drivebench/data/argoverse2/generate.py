@@ -12,6 +12,7 @@ generator version, size and seed means the set is complete; anything else is reg
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -20,6 +21,7 @@ import uuid
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -187,12 +189,36 @@ def manifest_matches(root: Path, size: str, seed: int) -> bool:
 
 
 def ensure_generated(root: Path, size: str = "bench", seed: int = 0, workers: int = 0, progress: bool = True) -> Path:
-    """Return ``root`` at once if it holds this exact set (same manifest); otherwise (re)generate it."""
+    """Return ``root`` at once if it holds this exact set (same manifest); otherwise (re)generate it.
+
+    Processes on one host that call this together (DDP ranks) take turns through a file lock
+    beside ``root``: the first generates, the others then find the manifest.
+    """
     root = Path(root)
     if manifest_matches(root, size, seed):
         return root
-    log.info("generating the embedded Argoverse 2 set (%s, seed %d) in %s", size, seed, root)
-    return generate_av2(root, size=size, seed=seed, workers=workers, progress=progress)
+    with _exclusive(root.parent / f".{root.name}.lock"):
+        if manifest_matches(root, size, seed):
+            return root
+        log.info("generating the embedded Argoverse 2 set (%s, seed %d) in %s", size, seed, root)
+        return generate_av2(root, size=size, seed=seed, workers=workers, progress=progress)
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """An exclusive advisory lock (POSIX flock); a no-op where fcntl does not exist."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _claim_root(root: Path) -> None:

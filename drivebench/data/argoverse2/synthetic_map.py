@@ -63,8 +63,10 @@ class Lane:
     length: float = field(init=False)
 
     def __post_init__(self) -> None:
-        self.heading = point_headings(self.center)
-        self.length = float(np.hypot(*np.diff(self.center, axis=0).T).sum())
+        delta = self.center[1:] - self.center[:-1]
+        heading = np.arctan2(delta[:, 1], delta[:, 0])
+        self.heading = np.concatenate((heading, heading[-1:]))
+        self.length = float(np.sqrt((delta * delta).sum(axis=1)).sum())
 
 
 @dataclass
@@ -195,10 +197,14 @@ def _bezier_lane(p0: np.ndarray, h0: float, p3: np.ndarray, h3: float) -> np.nda
     handle = ratio * chord
     p1 = p0 + handle * np.array([math.cos(h0), math.sin(h0)])
     p2 = p3 - handle * np.array([math.cos(h3), math.sin(h3)])
-    t = np.linspace(0.0, 1.0, 32)[:, None]
-    curve = ((1 - t) ** 3) * p0 + 3 * ((1 - t) ** 2) * t * p1 + 3 * (1 - t) * (t**2) * p2 + (t**3) * p3
-    length = float(np.hypot(*np.diff(curve, axis=0).T).sum())
+    curve = _BEZIER_BASIS @ np.stack([p0, p1, p2, p3])
+    delta = curve[1:] - curve[:-1]
+    length = float(np.sqrt((delta * delta).sum(axis=1)).sum())
     return resample(curve, max(2, int(round(length / DENSE_STEP)) + 1))
+
+
+_T = np.linspace(0.0, 1.0, 32)[:, None]
+_BEZIER_BASIS = np.hstack([(1 - _T) ** 3, 3 * (1 - _T) ** 2 * _T, 3 * (1 - _T) * _T**2, _T**3])  # (32, 4)
 
 
 def _straight(a: np.ndarray, b: np.ndarray) -> np.ndarray:
