@@ -20,7 +20,17 @@ import torch.nn.functional as F
 
 FLT_EPSILON = 1.1920928955078125e-07
 # OpenCV HSV->RGB sector table: which of (v, p, q, t) goes to (b, g, r)
-_SECTOR = torch.tensor([[1, 3, 0], [1, 0, 2], [3, 0, 1], [0, 2, 1], [0, 1, 3], [2, 1, 0]])
+_SECTOR = ((1, 3, 0), (1, 0, 2), (3, 0, 1), (0, 2, 1), (0, 1, 3), (2, 1, 0))
+_CONSTS: dict = {}
+
+
+def _const(values, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Small constant tensors, copied to each device once (a host-to-device copy per call would
+    block the stream)."""
+    key = (values, str(device), dtype)
+    if key not in _CONSTS:
+        _CONSTS[key] = torch.tensor(values, dtype=dtype, device=device)
+    return _CONSTS[key]
 
 
 def bgr_to_hsv(x: torch.Tensor) -> torch.Tensor:
@@ -47,7 +57,7 @@ def hsv_to_bgr(x: torch.Tensor) -> torch.Tensor:
     sector = torch.where(bad, torch.zeros_like(sector), sector).long()
     f = torch.where(bad, torch.zeros_like(f), f)
     tab = torch.stack([v, v * (1.0 - s), v * (1.0 - s * f), v * (1.0 - s + s * f)], dim=-3)  # (..., 4, H, W)
-    idx = _SECTOR.to(x.device)[sector]  # (..., H, W, 3)
+    idx = _const(_SECTOR, x.device, torch.long)[sector]  # (..., H, W, 3)
     idx = idx.movedim(-1, -3)  # (..., 3, H, W)
     return torch.gather(tab, -3, idx)
 
@@ -77,16 +87,18 @@ def normalize(x: torch.Tensor, mean, std, to_rgb: bool = True) -> torch.Tensor:
     """mmcv.imnormalize on (..., 3, H, W) BGR: optional BGR->RGB, minus mean, times 1/std."""
     if to_rgb:
         x = x.flip(-3)
-    mean_t = torch.as_tensor(mean, dtype=torch.float64, device=x.device).view(3, 1, 1)
-    stdinv = (1.0 / torch.as_tensor(std, dtype=torch.float64, device=x.device)).view(3, 1, 1)
-    return (x - mean_t.to(x.dtype)) * stdinv.to(x.dtype)
+    mean_t = _const(tuple(float(m) for m in mean), x.device, x.dtype).view(3, 1, 1)
+    stdinv = _const(tuple(1.0 / float(v) for v in std), x.device, x.dtype).view(3, 1, 1)
+    return (x - mean_t) * stdinv
 
 
 def decode_jpeg_batch(jpegs: list[list[torch.Tensor]], device: torch.device | str) -> torch.Tensor:
     """B lists of N JPEG byte tensors -> (B, N, 3, H, W) uint8 BGR; batched nvjpeg on CUDA."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    flat = [t if t.dtype == torch.uint8 else t.to(torch.uint8) for views in jpegs for t in views]
+    # decode_jpeg reads its input on the CPU: keep img_jpeg out of the host-to-device batch transfer
+    # (a CUDA copy here would be moved back, a sync per tensor)
+    flat = [(t if t.device.type == "cpu" else t.cpu()).to(torch.uint8) for views in jpegs for t in views]
     device = torch.device(device)
     decoded = decode_jpeg(flat, mode=ImageReadMode.RGB, device=device) if device.type == "cuda" else [
         decode_jpeg(t, mode=ImageReadMode.RGB) for t in flat]
@@ -121,6 +133,8 @@ class DeviceImageTransform:
     Order (faithful to the CPU recipes): decode -> [warp] -> photometric -> normalise -> [scale] ->
     [pad]. ``scale_before_photometric`` moves the resize right after decode: cheaper, but not the
     upstream order (the photometric step is non-linear), so it changes the math slightly.
+    The warp (``warp_to``, for device-side resize/crop/flip/rotate) samples bilinearly from the full
+    image: same geometry as the CPU path, but no area averaging when it shrinks (more aliasing).
     """
 
     def __init__(
