@@ -247,3 +247,34 @@ def test_lightning_fit_and_validate_one_batch(tiny_model):
     trainer.fit(module, train_dataloaders=loader, val_dataloaders=loader)
     assert {"train/loss", "val/loss", "val/miou", "val/iou"} <= set(trainer.callback_metrics)
     assert all(math.isfinite(float(v)) for v in trainer.callback_metrics.values())
+
+
+@pytest.mark.slow
+def test_real_nuscenes_batch_from_the_data_layer(tmp_path):
+    """A batch of the generated nuScenes mini set through the real GaussianFormer pipeline: the model's
+    projection convention agrees with the data layer's lidar2img / img_shape (Gaussians spread over the
+    scene are seen by the cameras) and the loss on the full SurroundOcc grid trains."""
+    from drivebench.data.nuscenes.generate import ensure_generated
+    from drivebench.data.nuscenes.infos import build_infos
+    from drivebench.data.transforms import NuScenesDataset, collate, gaussianformer_pipeline
+    from drivebench.models.gaussianformer.deformable import project_to_cameras
+    from drivebench.models.gaussianformer.losses import OccupancyLoss
+
+    root = ensure_generated(tmp_path / "mini", "mini", seed=0, workers=2, progress=False)
+    index = build_infos(root, cache_dir=tmp_path / "cache")
+    dataset = NuScenesDataset(index, gaussianformer_pipeline(root, final_dim=(96, 160), rand_flip=False), root=root)
+    batch = collate([dataset[0]])
+    torch.manual_seed(0)
+    net = create_model("gaussianformer", "test", grid_shape=(200, 200, 16), grid_lower=(-50.0, -50.0, -5.0),
+                       voxel_size=0.5, sparse_voxel_size=0.5, scale_range=(0.08, 0.32), empty_scale=(100.0, 100.0, 8.0),
+                       num_gaussians=1000, loss_layers="last")
+    out = net(batch)
+    means = out["gaussians"][0].means
+    _, visible = project_to_cameras(means.unsqueeze(2), batch["lidar2img"], batch["img_shape"],
+                                    tuple(batch["img"].shape[-2:]))
+    assert visible.any(-1).float().mean() > 0.9
+    assert (visible.flatten(0, 2).float().mean(0) > 0.05).all()  # every camera sees part of the scene
+    losses = OccupancyLoss()(out["occ_logits"], batch["occ_label"], batch["occ_mask"])
+    losses["loss"].backward()
+    assert torch.isfinite(losses["loss"]) and 0 < losses["loss_lovasz"] <= 1
+    assert torch.isfinite(net.lifter.anchor.grad).all() and net.lifter.anchor.grad.abs().sum() > 0
