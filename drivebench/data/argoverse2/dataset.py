@@ -53,7 +53,7 @@ def _generator_identity(root: Path) -> dict | None:
     manifest = read_manifest(root)
     if manifest is None:
         return None
-    return {key: manifest.get(key) for key in ("generator_version", "size", "seed", "counts")}
+    return {key: manifest.get(key) for key in ("generator_version", "size", "seed", "counts", "size_spec")}
 
 
 class Argoverse2Dataset(Dataset):

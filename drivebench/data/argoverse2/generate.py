@@ -7,7 +7,8 @@ preprocessing and the model should run unchanged on both. ``generate_av2`` write
 is a function of (seed, split, index) only, so the output does not depend on the worker count.
 
 The manifest (``drivebench_manifest.json``) is written last: its presence with the same
-generator version, size and seed means the set is complete; anything else is regenerated.
+generator version, size (and size parameters) and seed means the set is complete; anything else
+is regenerated.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from drivebench.data.preprocess import pool_context
 
 log = logging.getLogger(__name__)
 
-GENERATOR_VERSION = "av2-synthetic-1"
+GENERATOR_VERSION = "av2-synthetic-1"  # bump when generated content changes for the same size and seed
 MANIFEST_NAME = "drivebench_manifest.json"
 IN_PROGRESS_NAME = ".drivebench_generating"
 SPLITS = ("train", "val")
@@ -184,8 +185,8 @@ def manifest_matches(root: Path, size: str, seed: int) -> bool:
     manifest = read_manifest(root)
     if manifest is None:
         return False
-    expected = _manifest(size, seed)
-    return all(manifest.get(key) == expected[key] for key in ("generator_version", "size", "seed", "counts"))
+    expected = json.loads(json.dumps(_manifest(size, seed)))  # tuples become lists, as on disk
+    return all(manifest.get(key) == value for key, value in expected.items())
 
 
 def ensure_generated(root: Path, size: str = "bench", seed: int = 0, workers: int = 0, progress: bool = True) -> Path:
