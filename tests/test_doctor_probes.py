@@ -56,6 +56,33 @@ def test_pair_runner_marks_the_hung_pair_and_measures_the_rest(monkeypatch):
     assert results[(0, 2)]["hung"] and "hung" in results[(0, 2)]["error"]
 
 
+def test_pair_runner_gives_up_after_repeated_hangs(monkeypatch):
+    def always_hangs(module, args, timeout_s, env, idle_timeout_s):
+        first = args[args.index("--pairs") + 1].split(",")[0]
+        return ProbeRun([{"event": "start", "pair": [int(x) for x in first.split("-")]}], returncode=-9,
+                        timed_out=True)
+
+    monkeypatch.setattr(gpus, "run_probe", always_hangs)
+    results = gpus._run_pairs("m", [(0, 1), (0, 2), (1, 2), (0, 3)], [], {}, 10, 5, max_hangs=2)
+    assert [bool(results[p].get("hung")) for p in [(0, 1), (0, 2)]] == [True, True]
+    assert results[(1, 2)]["skipped"] and results[(0, 3)]["skipped"]
+    skipped = gpus._pair_measure((1, 2), results[(1, 2)], results[(1, 2)], "NVL")
+    assert skipped.on_ok is None and not skipped.dead  # unmeasured is not "NCCL is broken"
+
+
+def test_corrupt_peer_copy_warns_or_fails_by_config(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(gpus, "_cuda_gpus", lambda: (torch, 2, None))
+    monkeypatch.setattr(gpus, "run_probe", lambda *a, **k: ProbeRun([
+        {"event": "start", "pair": [0, 1]},
+        {"event": "done", "pair": [0, 1], "access_ab": True, "access_ba": True, "copy_gbs": 20.0, "correct": False}],
+        returncode=0))
+    result = gpus.p2p_access(build_context([], skip_slow=True))
+    assert result.status is Status.WARN and "differ from the source" in result.saw and "ACS" in result.remedy
+    assert gpus.p2p_access(build_context(["dist=ddp", "dist.p2p=on"], skip_slow=True)).status is Status.FAIL
+
+
 def test_arch_support_follows_cuda_binary_compatibility():
     assert gpus._arch_supported((9, 0), ["sm_80", "sm_90"])
     assert gpus._arch_supported((8, 9), ["sm_80", "sm_86"])       # sm_86 cubins run on 8.9
@@ -241,3 +268,10 @@ def test_allreduce_probe_measures_every_pair_over_gloo(monkeypatch):
     for pair, record in results.items():
         assert "error" not in record, record
         assert record["correct"] and record["busbw_gbs"] > 0
+
+
+def test_remote_preset_without_url_is_called_out():
+    ctx = build_context(["ckpt=remote"], skip_slow=True)
+    result = storage.ckpt_dir_check(ctx)
+    assert result.status is Status.WARN and "ckpt=remote" in result.saw and "ckpt.dir=s3://" in result.remedy
+    ctx.made.cleanup()

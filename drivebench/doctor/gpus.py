@@ -29,6 +29,7 @@ from drivebench.doctor.result import Check, CheckResult, failed, informed, passe
 BUFFER_MIB = 64
 COPY_STARTUP_S, COPY_PAIR_S = 120.0, 30.0
 ALLREDUCE_STARTUP_S, ALLREDUCE_PAIR_S = 180.0, 45.0
+MAX_HANGS = 2  # hung pairs after which the remaining pairs of a probe are not tried
 P2P_ENV = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL")  # removed for the "P2P on" run: NCCL's default
 
 
@@ -107,11 +108,19 @@ def _pair_arg(pairs: list[tuple[int, int]]) -> str:
 
 
 def _run_pairs(module: str, pairs: list[tuple[int, int]], base_args: list[str], env: dict[str, str],
-               startup_s: float, pair_s: float) -> dict[tuple[int, int], dict[str, Any]]:
-    """Run a pair probe; when it hangs on a pair, mark that pair and go on with the rest in a new probe."""
+               startup_s: float, pair_s: float, max_hangs: int = MAX_HANGS) -> dict[tuple[int, int], dict[str, Any]]:
+    """Run a pair probe; when it hangs on a pair, mark that pair and go on with the rest in a new probe.
+
+    After ``max_hangs`` hung pairs the rest are marked ``skipped`` (each hang costs ``pair_s``).
+    """
     results: dict[tuple[int, int], dict[str, Any]] = {}
     remaining = list(pairs)
+    hangs = 0
     while remaining:
+        if hangs >= max_hangs:
+            for pair in remaining:
+                results[pair] = {"error": f"not measured: gave up after {hangs} hung pairs", "skipped": True}
+            break
         launch_env = dict(env)
         if "MASTER_PORT" in launch_env:  # a fresh rendezvous port per launch: a killed probe may hold the last one
             launch_env["MASTER_PORT"] = str(_free_port())
@@ -129,6 +138,7 @@ def _run_pairs(module: str, pairs: list[tuple[int, int]], base_args: list[str], 
         if started is not None:  # the probe hung or died inside this pair; the next probe skips it
             results[started] = {"error": ("hung: " if run.timed_out else "probe died: ") + run.failure(),
                                 "hung": run.timed_out}
+            hangs += int(run.timed_out)
         elif len(results) == before and not all(p in results for p in remaining):
             for pair in remaining:  # no progress at all: CUDA/NCCL start-up itself failed
                 results[pair] = {"error": "probe failed before the first pair: " + run.failure()}
@@ -160,11 +170,18 @@ def p2p_access(ctx: DoctorContext) -> CheckResult:
         data[label] = r
     saw = "; ".join(lines)
     if problems:
-        return failed(f"{saw}. {' | '.join(problems)}",
-                      "device-to-device copies between these GPUs hang or corrupt data: a broken PCIe P2P path "
-                      "(often ACS/IOMMU on the PCIe switch). Disable ACS / set iommu=pt in the BIOS/kernel, or run "
-                      "DDP with dist.p2p=off (NCCL_P2P_DISABLE=1); see gpu.allreduce for NCCL's view", data)
+        make = failed if _forces_p2p(ctx) else warned
+        return make(f"{saw}. {' | '.join(problems)}",
+                    "device-to-device copies between these GPUs hang or corrupt data: a broken PCIe P2P path "
+                    "(often ACS/IOMMU on the PCIe switch). Disable ACS / set iommu=pt in the BIOS/kernel, or run "
+                    "DDP with dist.p2p=off (NCCL_P2P_DISABLE=1) and keep tensors from moving between GPUs in one "
+                    "process; gpu.allreduce gives NCCL's view", data)
     return passed(saw, data)
+
+
+def _forces_p2p(ctx: DoctorContext) -> bool:
+    """This config runs DDP with P2P forced on (not auto, which follows the doctor's verdict)."""
+    return ctx.select("dist.strategy") == "ddp" and str(ctx.select("dist.p2p", "auto")).lower() == "on"
 
 
 def _free_port() -> int:
@@ -183,7 +200,9 @@ def _measure_allreduce(count: int, pairs: list[tuple[int, int]], p2p: bool) -> d
 
 
 def _pair_measure(pair: tuple[int, int], on: dict[str, Any], off: dict[str, Any], level: str | None) -> PairMeasure:
-    def outcome(r: dict[str, Any]) -> tuple[bool, float | None, str | None]:
+    def outcome(r: dict[str, Any]) -> tuple[bool | None, float | None, str | None]:
+        if r.get("skipped"):
+            return None, None, r["error"]
         if "error" in r:
             return False, None, r["error"]
         if not r.get("correct", False):
@@ -217,7 +236,8 @@ def nccl_allreduce(ctx: DoctorContext) -> CheckResult:
     links = _pair_levels(torch, pairs)
     on = _measure_allreduce(count, pairs, p2p=True)
     off = _measure_allreduce(count, pairs, p2p=False)
-    measures = [_pair_measure(p, on.get(p, {"error": "not measured"}), off.get(p, {"error": "not measured"}),
+    missing = {"error": "not measured", "skipped": True}
+    measures = [_pair_measure(p, on.get(p, missing), off.get(p, missing),
                               (links.get(p) or {}).get("nccl_level")) for p in pairs]
     verdict = recommend_p2p(measures)
     key = current_machine_key()
@@ -242,18 +262,19 @@ def nccl_allreduce(ctx: DoctorContext) -> CheckResult:
                            "that both GPUs are healthy (nvidia-smi -q)", data)
     if verdict.value == "on":
         return passed(saw, data)
-    configured = str(ctx.select("dist.p2p", "auto"))
     remedy = (f"run DDP with dist.p2p={verdict.value} "
               f"({'NCCL_P2P_DISABLE=1' if verdict.value == 'off' else 'NCCL_P2P_LEVEL=' + verdict.value}); "
               "dist.p2p=auto reads this cached verdict")
-    if ctx.select("dist.strategy") == "ddp" and configured == "on":
-        return failed(saw + f"; this config sets dist.p2p=on, which would hang or crawl", remedy, data)
+    if _forces_p2p(ctx):
+        return failed(saw + "; this config sets dist.p2p=on, which would hang or crawl", remedy, data)
     return warned(saw, remedy, data)
 
 
 def _bw(ok: bool | None, busbw: float | None, error: str | None) -> str:
     if ok:
         return f"{busbw:.0f} GB/s"
+    if ok is None:
+        return error or "not measured"
     return f"FAILED ({error})" if error else "FAILED"
 
 

@@ -120,6 +120,9 @@ def ckpt_dir_check(ctx: DoctorContext) -> CheckResult:
     if fs["fstype"] in VOLATILE_FS:
         return warned(saw + f": {fs['fstype']} is lost when the machine or container goes away",
                       "put ckpt.dir on persistent storage (a mounted volume on local disk)", data)
+    if ctx.select("ckpt.name") == "remote":
+        return warned(saw + "; ckpt=remote, but ckpt.dir is a local path (set none, the local default was kept)",
+                      "set ckpt.dir=<URL>, e.g. ckpt.dir=s3://bucket/drivebench/run1, or use ckpt=local", data)
     if keep == 0:
         return warned(saw + "; ckpt.keep_last_k=0 keeps every checkpoint, so the directory grows all run",
                       "set ckpt.keep_last_k=2 unless every checkpoint is needed", data)
