@@ -139,8 +139,7 @@ def test_image_geometry_moves_pixels_and_lidar2img_together(root, index, aug, mo
     r = _results(index, root, 4)
     h, w = 90, 160
     l2i = r["lidar2img"][0]
-    point = np.array([1.5, 12.0, -0.5, 1.0])  # a point ahead, inside CAM_FRONT
-    point = np.linalg.inv(r["lidar2cam"][0]) @ np.array([0.8, 0.3, 9.0, 1.0])
+    point = np.linalg.inv(r["lidar2cam"][0]) @ np.array([0.8, 0.3, 9.0, 1.0])  # 9 m ahead of CAM_FRONT
     uvw = l2i @ point
     u, v = uvw[:2] / uvw[2]
     img = np.zeros((h, w, 3), np.uint8)

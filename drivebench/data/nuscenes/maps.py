@@ -417,12 +417,10 @@ def build_city_map(location: str, seed: int, n_intersections: int, spacing: floa
     loops: list[np.ndarray] = []
     spots: list[tuple[float, float, float]] = []
     any_block = next(iter(road_block_in.values()))
-    blocks = [
-        (box(coords[i] + ROAD_HALF, coords[j] + ROAD_HALF, coords[i + 1] - ROAD_HALF, coords[j + 1] - ROAD_HALF), True)
-        for i in range(n - 1) for j in range(n - 1)
-    ]
+    blocks = [box(coords[i] + ROAD_HALF, coords[j] + ROAD_HALF, coords[i + 1] - ROAD_HALF, coords[j + 1] - ROAD_HALF)
+              for i in range(n - 1) for j in range(n - 1)]
     outer = box(lo - SIDEWALK, lo - SIDEWALK, hi + SIDEWALK, hi + SIDEWALK).difference(box(lo, lo, hi, hi))
-    for b_idx, (block, inside) in enumerate(blocks):
+    for b_idx, block in enumerate(blocks):
         last_chance = b_idx == len(blocks) - 1 and not carparks  # every map gets at least one car park
         outer_block = block.difference(drivable)
         inner = block.buffer(-SIDEWALK, join_style="mitre")
