@@ -7,13 +7,10 @@ compose or a run would reject the config (one line on stderr, like a training ru
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from drivebench.errors import ConfigError
-
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off in everything the doctor starts
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
