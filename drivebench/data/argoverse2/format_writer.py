@@ -206,6 +206,8 @@ def write_scenario(directory: Path, meta: ScenarioMeta, tracks: list[Track], map
                    frame: CityFrame) -> None:
     """``<directory>/scenario_<id>.parquet`` and ``log_map_archive_<id>.json``."""
     directory.mkdir(parents=True, exist_ok=True)
-    pq.write_table(tracks_table(tracks, meta, frame), directory / schema.scenario_parquet_name(meta.scenario_id))
+    strings = [name for name, kind in schema.PARQUET_COLUMNS if kind == "string"]
+    pq.write_table(tracks_table(tracks, meta, frame), directory / schema.scenario_parquet_name(meta.scenario_id),
+                   use_dictionary=strings, write_statistics=False)
     # json.dumps uses the C encoder; json.dump to a file would take the slow Python one.
     (directory / schema.map_json_name(meta.scenario_id)).write_text(json.dumps(map_content, separators=(",", ":")))

@@ -108,6 +108,7 @@ def simulate_vehicles(net: RoadNetwork, vehicles: list[VehicleSpec],
     leader = rows.copy()
     history = np.empty((T, n))
     blocked = np.zeros(n, dtype=bool)
+    any_blocked = False
     occupied = np.zeros(no_connector + 1, dtype=bool)
     arriving = np.zeros(no_connector + 1, dtype=bool)
     for step in range(WARMUP_STEPS + T):
@@ -143,15 +144,18 @@ def simulate_vehicles(net: RoadNetwork, vehicles: list[VehicleSpec],
             must_yield = (in_the_way.any(1) | (crossing & occupied).any(1)
                           | (crossing & arriving & (priority > priority[wants][:, None])).any(1))
             blocked = (wants != no_connector) & ~committed & (to_next < 60.0) & must_yield
+            any_blocked = bool(blocked.any())
         leader_gap = np.maximum(lane_start[rows, lane_now[leader]] + along[leader],
                                 lane_start[rows, next_lane[leader]] - to_next[leader]) - s - half_lengths[rows, leader]
         follows = (leader_gap > -1.0) & (leader_gap < 150.0) & (leader != rows)
         desired_gap = np.maximum(2.5 + v_now * headway + v_now * (v_now - v_now[leader]) / brake_term, 0.0)
         a_follow = max_accel * (1 - (desired_gap / np.clip(leader_gap, 0.5, None)) ** 2)
         command = np.where(follows, np.minimum(a_free, a_follow), a_free)
-        stop_gap = np.maximum(to_next - 1.5, 0.3)
-        a_stop = max_accel * (1 - ((1.0 + v_now * headway + v_now * v_now / brake_term) / stop_gap) ** 2)
-        command = np.clip(np.where(blocked, np.minimum(command, a_stop), command), -MAX_BRAKE, max_accel)
+        if any_blocked:  # a standing obstacle at the stop line
+            stop_gap = np.maximum(to_next - 1.5, 0.3)
+            a_stop = max_accel * (1 - ((1.0 + v_now * headway + v_now * v_now / brake_term) / stop_gap) ** 2)
+            command = np.where(blocked, np.minimum(command, a_stop), command)
+        command = np.minimum(np.maximum(command, -MAX_BRAKE), max_accel)
         accel += 0.5 * (command - accel)  # finite jerk
         v_now = np.maximum(v_now + accel * DT, 0.0)
         s = np.minimum(s + v_now * DT, limit)
