@@ -97,11 +97,14 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     source = instantiate(cfg.data.source)
     transform = instantiate(cfg.model.transform) if cfg.model.get("transform") else None
     collate = instantiate(cfg.model.collate) if cfg.model.get("collate") else None
+    batch_sampler = instantiate(cfg.model.batch_sampler) if cfg.model.get("batch_sampler") else None
     datamodule = DriveDataModule(
         source=source, transform=transform, collate_fn=collate, batch_size=cfg.model.batch_size,
         val_batch_size=cfg.model.val_batch_size, accel=accel, seed=cfg.seed,
         train_split=cfg.data.train_split, val_split=cfg.data.val_split, progress=progress,
+        batch_sampler=batch_sampler,
     )
+    device_transform = transform.device_transform_for(accel) if hasattr(transform, "device_transform_for") else None
     net = instantiate(cfg.model.net)
     if accel.channels_last:
         to_channels_last(net)
@@ -109,7 +112,7 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     scheduler = instantiate(cfg.model.scheduler) if cfg.model.get("scheduler") else None
     module = instantiate(cfg.model.module)(
         net=net, optimizer=instantiate(cfg.model.optimizer), scheduler=scheduler,
-        scheduler_interval=cfg.model.get("scheduler_interval", "step"),
+        scheduler_interval=cfg.model.get("scheduler_interval", "step"), device_transform=device_transform,
     )
     run = Run(cfg=cfg, machine=machine, accel=accel, output_dir=output_dir, datamodule=datamodule,
               module=module, compiled_units=compiled, p2p=p2p)

@@ -17,6 +17,7 @@ from drivebench.perf.machine import MachineInfo
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "auto-bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MAX_LOADER_WORKERS = 16
+DEVICE_TRANSFORMS = ("off", "images", "decode")
 
 
 @dataclass
@@ -25,6 +26,7 @@ class AccelSettings:
 
     name: str
     preprocess_workers: int
+    precompute_targets: bool
     shm_cache: bool
     shm_cache_max_gb: float
     num_workers: int
@@ -38,7 +40,7 @@ class AccelSettings:
     tf32: bool
     cudnn_benchmark: bool
     channels_last: bool
-    device_transform: bool
+    device_transform: str
 
     @classmethod
     def resolve(cls, cfg: Mapping[str, Any], machine: MachineInfo) -> "AccelSettings":
@@ -92,12 +94,22 @@ class AccelSettings:
             shm_max = 0.8 * (machine.shm_free_gb or 0.0)
         elif isinstance(shm_max, bool) or not isinstance(shm_max, (int, float)) or shm_max < 0:
             raise ConfigError(f"accel.shm_cache_max_gb={shm_max!r} is not valid; use a size in GB or 'auto'")
+        device = cfg["device_transform"]
+        if device is True:
+            device = "decode"
+        elif device is False or device is None:
+            device = "off"
+        if device == "auto":
+            device = "decode" if on_gpu else "off"
+        if device not in DEVICE_TRANSFORMS:
+            raise bad_choice("accel.device_transform", cfg["device_transform"], (*DEVICE_TRANSFORMS, "auto"))
         persistent = flag("persistent_workers", num_workers > 0)
         if num_workers == 0:
             persistent, prefetch = False, None  # torch rejects these without workers: a no-op here
         return cls(
             name=str(cfg["name"]),
             preprocess_workers=count("preprocess_workers", machine.cpu_cores),
+            precompute_targets=flag("precompute_targets", True),
             shm_cache=flag("shm_cache", True),
             shm_cache_max_gb=float(shm_max),
             num_workers=num_workers,
@@ -111,7 +123,7 @@ class AccelSettings:
             tf32=flag("tf32", on_gpu) and on_gpu,
             cudnn_benchmark=flag("cudnn_benchmark", on_gpu) and on_gpu,
             channels_last=flag("channels_last", on_gpu),
-            device_transform=flag("device_transform", on_gpu),
+            device_transform=device,
         )
 
     def numerics_changes(self) -> list[str]:
@@ -125,6 +137,9 @@ class AccelSettings:
             changes.append("compile")
         if self.cudnn_benchmark:
             changes.append("cudnn_benchmark")
+        if self.device_transform == "decode":
+            changes.append("device_transform=decode (nvjpeg decode and bilinear warps differ from the CPU path "
+                           "in the last bits)")
         return changes
 
     def apply_global_flags(self) -> None:

@@ -34,8 +34,8 @@ class DataSource(Protocol):
     def prepare(self, workers: int, progress: bool) -> None:
         """Make the data exist on disk (generate the embedded set) and run one-time preprocessing."""
 
-    def dataset(self, split: str, transform: Callable[[Any], Any] | None, workers: int, progress: bool) -> Dataset:
-        """The torch Dataset of one split, with ``transform`` applied per sample."""
+    def dataset(self, split: str, transform: Any, accel: AccelSettings, train: bool, progress: bool) -> Dataset:
+        """The torch Dataset of one split, with the model's ``transform`` applied per sample."""
 
     def describe(self) -> dict[str, Any]:
         """Root, size, counts, preprocessing stats: for the run summary."""
@@ -117,14 +117,13 @@ class DriveDataModule(pl.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
-            self.train_set = self._build(self.train_split)
+            self.train_set = self._build(self.train_split, train=True)
         if self.val_set is None:
-            self.val_set = self._build(self.val_split, cache=False)
+            self.val_set = self._build(self.val_split, train=False)
 
-    def _build(self, split: str, cache: bool = True) -> Dataset:
-        dataset = self.source.dataset(split, self.transform, workers=self.accel.preprocess_workers,
-                                      progress=self.progress)
-        if not (cache and self.accel.shm_cache):
+    def _build(self, split: str, train: bool) -> Dataset:
+        dataset = self.source.dataset(split, self.transform, accel=self.accel, train=train, progress=self.progress)
+        if not (train and self.accel.shm_cache and hasattr(dataset, "load_raw")):
             return dataset
         try:
             cached = SharedSampleCache(dataset, self.accel.shm_cache_max_gb * 2**30, progress=self.progress,
@@ -141,6 +140,8 @@ class DriveDataModule(pl.LightningDataModule):
         cache = self.cache_info.get("cache")
         if cache is not None:
             info.update(cache.stats().to_dict())
+        elif hasattr(self.transform, "cache_stats"):  # camera pipelines cache decoded images themselves
+            info = self.transform.cache_stats()
         return info
 
     def resume_at(self, epoch: int, batches_done: int) -> None:
@@ -183,6 +184,11 @@ class DriveDataModule(pl.LightningDataModule):
         kwargs["persistent_workers"] = False  # validation runs once at the end of a benchmark
         kwargs.pop("prefetch_factor", None)
         replicas, rank = self._replicas()
-        sampler = RandomBatchSampler(len(self.val_set), self.val_batch_size, shuffle=False, drop_last=False,
-                                     num_replicas=replicas, rank=rank, seed=self.seed)
+        if self.batch_sampler_factory is not None:  # e.g. streaming sequences: keep them in order
+            sampler = self.batch_sampler_factory(dataset=self.val_set, batch_size=self.val_batch_size,
+                                                 num_replicas=replicas, rank=rank, seed=self.seed, shuffle=False,
+                                                 drop_last=False)
+        else:
+            sampler = RandomBatchSampler(len(self.val_set), self.val_batch_size, shuffle=False, drop_last=False,
+                                         num_replicas=replicas, rank=rank, seed=self.seed)
         return DataLoader(self.val_set, batch_sampler=sampler, collate_fn=self.collate_fn, **kwargs)

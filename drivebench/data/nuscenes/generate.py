@@ -73,7 +73,8 @@ class SizePreset:
 
 PRESETS: dict[str, SizePreset] = {
     "mini": SizePreset("v1.0-mini", 1, 1, 10, (160, 90), 4, 90.0, 360, 2, 180),
-    "bench": SizePreset("v1.0-trainval", 8, 2, 20, (1600, 900), 6, 100.0, 1084, 9, 271),
+    # 12 train scenes: enough sequences for SparseDrive's streaming batches (6 per GPU, 2 GPUs)
+    "bench": SizePreset("v1.0-trainval", 12, 2, 16, (1600, 900), 6, 100.0, 1084, 9, 271),
 }
 LOG_STYLE = {  # vehicle, date, time, utc offset, base timestamp (µs)
     "boston-seaport": ("n008", "2018-08-01", "15-16-36", "-0400", 1533151603547590),

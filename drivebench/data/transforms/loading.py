@@ -143,3 +143,39 @@ class LoadOccupancy:
             raise CorruptFileError(path, token, f"occupancy label has shape {sparse.shape}, expected (K, 4)")
         results["occ_label"], results["occ_mask"] = densify(sparse.astype(np.int64))
         return results
+
+
+class RegridOccupancy:
+    """Crop and coarsen the dense SurroundOcc labels to a model's own grid (small test sizes).
+
+    Each coarse voxel takes the most frequent non-empty class among the fine voxels it covers, or
+    empty when all are empty; ``occ_mask`` is recomputed (label != 0). The coarse grid must align
+    with the fine one (its lower corner on fine voxel borders, its voxel a whole multiple).
+    """
+
+    def __init__(self, lower: tuple[float, float, float], shape: tuple[int, int, int], voxel: float,
+                 source_lower: tuple[float, float, float] = (-50.0, -50.0, -5.0), source_voxel: float = 0.5,
+                 empty: int = 17, num_classes: int = 18) -> None:
+        ratio = voxel / source_voxel
+        if abs(ratio - round(ratio)) > 1e-6 or ratio < 1:
+            raise ValueError(f"occupancy voxel {voxel} is not a whole multiple of the label voxel {source_voxel}")
+        self.k = int(round(ratio))
+        self.start = [int(round((lo - slo) / source_voxel)) for lo, slo in zip(lower, source_lower)]
+        self.shape = tuple(int(v) for v in shape)
+        self.empty = empty
+        self.num_classes = num_classes
+
+    def __call__(self, results: dict) -> dict:
+        fine = results["occ_label"]
+        k = self.k
+        sx, sy, sz = self.start
+        nx, ny, nz = self.shape
+        crop = fine[sx:sx + nx * k, sy:sy + ny * k, sz:sz + nz * k]
+        if crop.shape != (nx * k, ny * k, nz * k):
+            raise ValueError(f"occupancy grid {self.shape} x {k} does not fit inside the label grid {fine.shape}")
+        blocks = crop.reshape(nx, k, ny, k, nz, k).transpose(0, 2, 4, 1, 3, 5).reshape(nx, ny, nz, -1)
+        counts = np.stack([(blocks == c).sum(-1) for c in range(self.num_classes)], -1)
+        counts[..., self.empty] = 0
+        coarse = np.where(counts.max(-1) > 0, counts.argmax(-1), self.empty).astype(np.int64)
+        results["occ_label"], results["occ_mask"] = coarse, coarse != 0
+        return results

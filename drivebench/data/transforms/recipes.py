@@ -20,7 +20,8 @@ from drivebench.data.transforms.collate import FormatCameraSample
 from drivebench.data.transforms.depth import LidarDepthMaps
 from drivebench.data.transforms.device import DeviceImageTransform
 from drivebench.data.transforms.image import NormalizeMultiView, PadMultiView, RandomScaleMultiView, ResizeCropFlipRotate
-from drivebench.data.transforms.loading import ImageCache, LoadMultiViewImages, LoadOccupancy, LoadPoints
+from drivebench.data.transforms.loading import (ImageCache, LoadMultiViewImages, LoadOccupancy, LoadPoints,
+                                                RegridOccupancy)
 from drivebench.data.transforms.map_gt import MapGeometry, MapGeometryExtractor, VectorizeMap
 from drivebench.data.transforms.photometric import PhotoMetricDistortionMultiView
 from drivebench.data.transforms.targets import BoxTargets, EgoTargets
@@ -129,13 +130,17 @@ def gaussianformer_pipeline(
     rand_flip: bool = True,
     train: bool = True,
     img_norm: dict = IMG_NORM,
+    occ_grid: dict | None = None,
 ) -> list:
     """GaussianFormer (nuscenes_gs144000) train pipeline: decode, occupancy (dense 200x200x16),
-    crop to 1600x864 at full resolution with random flip, photometric and normalise at full size."""
+    crop to 1600x864 at full resolution with random flip, photometric and normalise at full size.
+    ``occ_grid`` ({lower, shape, voxel}) coarsens the labels to a smaller model grid (test sizes)."""
     on_device = device_images or device_decode
-    steps = [_load(image_cache, device_decode, to_float32=False), LoadOccupancy(),
-             ResizeCropFlipRotate(final_dim, (1.0, 1.0), (0.0, 0.0), (0.0, 0.0), rand_flip, train=train,
-                                  warp_images=not device_decode)]
+    steps = [_load(image_cache, device_decode, to_float32=False), LoadOccupancy()]
+    if occ_grid:
+        steps.append(RegridOccupancy(tuple(occ_grid["lower"]), tuple(occ_grid["shape"]), float(occ_grid["voxel"])))
+    steps.append(ResizeCropFlipRotate(final_dim, (1.0, 1.0), (0.0, 0.0), (0.0, 0.0), rand_flip, train=train,
+                                      warp_images=not device_decode))
     if on_device:
         steps.append(PhotoMetricDistortionMultiView(apply=False))
     else:
