@@ -243,3 +243,22 @@ def test_slurm_task_layout_must_match_devices(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NAME", "bash")  # interactive: Lightning ignores SLURM
     code, records = run_cli(tmp_path=tmp_path)
     assert records["launcher.slurm"]["status"] == "INFO" and "'bash'" in records["launcher.slurm"]["saw"]
+
+
+def test_camera_images_give_a_rough_estimate_that_only_warns(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from drivebench.doctor.context import DataLocation
+
+    root = tmp_path / "nuscenes"
+    for cam in ("CAM_FRONT", "CAM_BACK"):
+        (root / "samples" / cam).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (320, 180)).save(root / "samples" / cam / f"{i}.jpg")
+    ctx = build_context(["accel.num_workers=8"], skip_slow=True)
+    ctx.memo["data_location"] = DataLocation(root, False, None)
+    foot = memory.estimate_footprint(ctx)
+    assert foot.rough and foot.sample_bytes == 2 * 3 * 180 * 320 * 4 and foot.cache_bytes == 6 * 3 * 180 * 320
+    monkeypatch.setattr(memory, "shm_usage", lambda: (8 * 2**20, 8 * 2**20))
+    result = memory.shm_space(ctx)
+    assert result.status is Status.WARN and "rough" in result.saw and "--shm-size=" in result.remedy

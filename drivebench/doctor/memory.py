@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from drivebench.doctor.context import DoctorContext
@@ -53,10 +54,20 @@ def cpu_cores(ctx: DoctorContext) -> CheckResult:
     return passed(saw, data)
 
 
+@dataclass
+class Footprint:
+    """What the configured data puts in /dev/shm: per sample in flight, and for the sample caches."""
+
+    sample_bytes: float
+    sample_how: str
+    rough: bool = False            # only the order of magnitude is known (images at the source resolution)
+    cache_bytes: float | None = None
+    cache_how: str = "unknown until the first run preprocesses"
+
+
 def _preprocessed_cache(ctx: DoctorContext) -> tuple[int, int, Path | None]:
     """``(files, bytes, dir)`` of the one-time preprocessing cache the run reads samples from."""
-    location = ctx.data_location()
-    root = location.cache_dir
+    root = ctx.data_location().cache_dir
     if root is None or not root.is_dir():
         return 0, 0, root
     files = total = 0
@@ -73,6 +84,54 @@ def _preprocessed_cache(ctx: DoctorContext) -> tuple[int, int, Path | None]:
     return files, total, root
 
 
+def _camera_images(root: Path | None) -> tuple[int, int, int, int] | None:
+    """``(cameras, images, height, width)`` of a nuScenes-layout dataset (``samples/CAM_*``), else None."""
+    samples = root / "samples" if root is not None else None
+    if samples is None or not samples.is_dir():
+        return None
+    cameras = sorted(d for d in samples.iterdir() if d.is_dir() and d.name.startswith("CAM"))
+    images = [f for cam in cameras for f in cam.iterdir() if f.suffix.lower() in (".jpg", ".jpeg", ".png")]
+    if not images:
+        return None
+    try:
+        from PIL import Image
+
+        with Image.open(images[0]) as first:  # reads the header only
+            width, height = first.size
+    except Exception:
+        return None
+    return len(cameras), len(images), height, width
+
+
+def estimate_footprint(ctx: DoctorContext) -> Footprint:
+    """Bytes per sample in flight and of the shared-memory caches, from what is on disk."""
+    files, pkl_bytes, cache_dir = _preprocessed_cache(ctx)
+    cameras = _camera_images(ctx.data_location().root)
+    cache_parts, cache_how = [], []
+    if files:
+        cache_parts.append(pkl_bytes)
+        cache_how.append(f"{files} preprocessed samples in {cache_dir}")
+    if cameras is not None:
+        n_cams, n_images, height, width = cameras
+        per_sample = n_cams * 3 * height * width * 4  # float32 images at the source resolution
+        cache_parts.append(n_images * 3 * height * width)  # every image decoded once, uint8
+        cache_how.append(f"{n_images} images decoded at {width}x{height}")
+        footprint = Footprint(per_sample, f"{gib(per_sample)}/sample ({n_cams} cameras x {width}x{height} float32 "
+                                          "at the source resolution: rough, the model's resize changes it)",
+                              rough=True)
+    elif files:
+        mean = pkl_bytes / files
+        footprint = Footprint(mean, f"{gib(mean)}/sample (mean of {files} preprocessed, pre-transform samples in "
+                                    f"{cache_dir})")
+    else:
+        footprint = Footprint(DEFAULT_SAMPLE_BYTES, f"{gib(DEFAULT_SAMPLE_BYTES)}/sample (assumed: no preprocessed "
+                                                    f"samples yet in {cache_dir})")
+    if cache_parts:
+        footprint.cache_bytes = float(sum(cache_parts))
+        footprint.cache_how = " + ".join(cache_how) + ", all splits: an upper bound"
+    return footprint
+
+
 def shm_space(ctx: DoctorContext) -> CheckResult:
     """/dev/shm size against the loaders' in-flight batches and the shared-memory sample cache."""
     usage = shm_usage()
@@ -82,29 +141,29 @@ def shm_space(ctx: DoctorContext) -> CheckResult:
     accel = ctx.accel
     batch = int(ctx.select("model.batch_size", 1) or 1)
     prefetch = accel.prefetch_factor or TORCH_DEFAULT_PREFETCH
-    files, cache_bytes, cache_dir = _preprocessed_cache(ctx)
-    sample_bytes = cache_bytes / files if files else DEFAULT_SAMPLE_BYTES
-    sample_how = (f"{gib(sample_bytes)}/sample (mean of {files} preprocessed, pre-transform samples in {cache_dir})"
-                  if files else f"{gib(sample_bytes)}/sample (assumed: no preprocessed samples yet in {cache_dir})")
-    loader_need = accel.num_workers * prefetch * batch * sample_bytes
+    foot = estimate_footprint(ctx)
+    loader_need = accel.num_workers * prefetch * batch * foot.sample_bytes
+    cache_need = (foot.cache_bytes or 0.0) if accel.shm_cache else 0.0
     data = {"shm_total": total, "shm_free": free, "num_workers": accel.num_workers, "prefetch_factor": prefetch,
-            "batch_size": batch, "sample_bytes": sample_bytes, "loader_bytes": loader_need,
-            "shm_cache": accel.shm_cache, "cache_bytes": cache_bytes if files else None}
+            "batch_size": batch, "sample_bytes": foot.sample_bytes, "sample_estimate_rough": foot.rough,
+            "loader_bytes": loader_need, "shm_cache": accel.shm_cache, "cache_bytes": foot.cache_bytes}
     saw = (f"{SHM_PATH} {gib(total)} ({gib(free)} free); in-flight batches need {gib(loader_need)} = "
-           f"{accel.num_workers} worker(s) x {prefetch} batches x {batch} samples x {sample_how}")
+           f"{accel.num_workers} worker(s) x {prefetch} batches x {batch} samples x {foot.sample_how}")
     if accel.shm_cache:
-        saw += (f"; the shared-memory sample cache needs up to {gib(cache_bytes)} (all preprocessed samples)"
-                if files else "; the shared-memory sample cache size is unknown until the first run preprocesses")
-    suggest = f"{max(1, math.ceil((loader_need + (cache_bytes if accel.shm_cache else 0)) * 1.5 / 2**30))}g"
+        saw += (f"; the shared-memory caches need up to {gib(foot.cache_bytes)} ({foot.cache_how})"
+                if foot.cache_bytes is not None else f"; the shared-memory cache size is {foot.cache_how}")
+    suggest = f"{max(1, math.ceil((loader_need + cache_need) * 1.5 / 2**30))}g"
     grow = (f"give it more shared memory: `docker run --shm-size={suggest}` (Kubernetes: an emptyDir with "
             f"medium: Memory at {SHM_PATH}) or `mount -o remount,size={suggest} {SHM_PATH}`")
+    fewer = "or lower accel.num_workers / accel.prefetch_factor"
     if loader_need > free:
-        return failed(saw + ": loader workers would die with 'bus error'",
-                      f"{grow}; or lower accel.num_workers / accel.prefetch_factor", data)
-    if accel.shm_cache and files:
+        if foot.rough:
+            return warned(saw + ": may not fit (a rough estimate)", f"{grow}; {fewer}", data)
+        return failed(saw + ": loader workers would die with 'bus error'", f"{grow}; {fewer}", data)
+    if accel.shm_cache and foot.cache_bytes is not None:
         budget = min(accel.shm_cache_max_gb * 2**30, free - loader_need)
-        if cache_bytes > budget:
-            return warned(saw + f": more than the cache budget of {gib(budget)}, so the run goes uncached",
+        if cache_need > budget:
+            return warned(saw + f": more than the cache budget of {gib(budget)}, so the run may go uncached",
                           f"{grow}; or set accel.shm_cache=false (or raise accel.shm_cache_max_gb if room is left)",
                           data)
     return passed(saw, data)
