@@ -84,6 +84,9 @@ def validate(cfg: DictConfig) -> None:
     _check_positive(cfg, "model.val_batch_size")
     if not isinstance(cfg.seed, int):
         raise ConfigError(f"seed={cfg.seed!r} is not valid; use a whole number")
+    if OmegaConf.is_missing(cfg.ckpt, "dir"):
+        raise ConfigError(f"ckpt={cfg.ckpt.name} needs a destination: ckpt.dir=<directory or fsspec URL, "
+                          "e.g. s3://bucket/run>")
 
 
 def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
