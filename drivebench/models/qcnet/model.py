@@ -1,0 +1,59 @@
+"""QCNet (Zhou et al., "Query-Centric Trajectory Prediction", CVPR 2023) as a plain nn.Module."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from drivebench.models.qcnet.agent_encoder import AgentEncoder
+from drivebench.models.qcnet.batch import GraphSettings
+from drivebench.models.qcnet.decoder import Decoder
+from drivebench.models.qcnet.map_encoder import MapEncoder
+
+
+class QCNet(nn.Module):
+    """Map encoder -> agent encoder -> two-stage decoder, on a batch from ``collate_qcnet``.
+
+    ``forward`` reads only tensors of the batch (graphs were built on the CPU), has no host syncs
+    and no per-scene Python loops. ``transform_kwargs`` holds the graph settings the batch must be
+    built with (``QCNetTransform(**net.transform_kwargs)``).
+    """
+
+    def __init__(
+        self,
+        hidden_dim: int = 128,
+        num_heads: int = 8,
+        head_dim: int = 16,
+        num_freq_bands: int = 64,
+        num_map_layers: int = 1,
+        num_agent_layers: int = 2,
+        num_dec_layers: int = 2,
+        num_recurrent_steps: int = 3,
+        dropout: float = 0.1,
+        output_dim: int = 2,
+        **graph_settings: Any,
+    ) -> None:
+        super().__init__()
+        self.graph_settings = GraphSettings(**graph_settings)
+        g = self.graph_settings
+        common = dict(hidden_dim=hidden_dim, num_freq_bands=num_freq_bands, num_heads=num_heads, head_dim=head_dim,
+                      dropout=dropout)
+        self.map_encoder = MapEncoder(num_layers=num_map_layers, **common)
+        self.agent_encoder = AgentEncoder(num_historical_steps=g.num_historical_steps, num_layers=num_agent_layers,
+                                          **common)
+        self.decoder = Decoder(output_dim=output_dim, num_historical_steps=g.num_historical_steps,
+                               num_future_steps=g.num_future_steps, num_modes=g.num_modes,
+                               num_recurrent_steps=num_recurrent_steps, num_layers=num_dec_layers, **common)
+
+    @property
+    def transform_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for the matching ``QCNetTransform``."""
+        return asdict(self.graph_settings)
+
+    def forward(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        x_pl = self.map_encoder(batch)
+        x_a = self.agent_encoder(batch, x_pl)
+        return self.decoder(batch, x_pl, x_a)
