@@ -93,7 +93,13 @@ class TrainBench:
             if self.runs_training:
                 self._train_phase(run, logger, monitor, summary)
             if self.runs_ceiling and (self.ceiling or not self.runs_training):
+                # right after training, under the same conditions; the ceiling's steps on one batch
+                # must not change the weights that validation then scores
+                weights = {k: v.detach().clone() for k, v in run.module.state_dict().items()}
                 self._ceiling_phase(run, logger, monitor, summary)
+                run.module.load_state_dict(weights)
+            if self.runs_training and self.val_batches:
+                summary["val"] = self._validate(run, logger)
         finally:
             monitor.stop()
         summary["data"]["shm_cache"] = dm.cache_stats()
@@ -158,8 +164,6 @@ class TrainBench:
             summary["memory"]["peak_device_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
         if ckpt is not None:
             summary["checkpoints"] = ckpt.summary()
-        if self.val_batches:
-            summary["val"] = self._validate(run, logger)
 
     @staticmethod
     def _gather_ranks(stats: dict[str, Any], trainer: pl.Trainer) -> dict[str, Any]:
