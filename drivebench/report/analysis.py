@@ -1,0 +1,146 @@
+"""Compare runs: order of settings, speedup over the baseline, steps and time to a quality target.
+
+Groups are (machine, model, model size, data, bench): a speedup is only ever taken between runs
+of the same model and data on the same machine.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import pandas as pd
+
+from drivebench.report.events import CEILING
+
+BASELINE_SETTING = "none"
+GROUP = ["machine", "model", "model_size", "data", "bench"]
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
+_TARGET = re.compile(r"^\s*(?P<metric>[^<>=\s]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>[-+0-9.eE]+)\s*$")
+_PREFIXES = ("", "val/", "train/", "perf/")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A quality target such as ``val/minFDE<=2.0``: reached at the first logged value that meets it."""
+
+    metric: str
+    op: str
+    value: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.metric}{self.op}{self.value:g}"
+
+    def met(self, value: float) -> bool:
+        return _OPS[self.op](value, self.value)
+
+
+def parse_target(text: str) -> Target:
+    """``METRIC<=VALUE`` (also >=, <, >); ValueError naming the text and the form otherwise."""
+    match = _TARGET.match(text)
+    if match is None:
+        raise ValueError(f"target {text!r} is not METRIC<=VALUE (or >=, <, >), e.g. val/minFDE<=2.0")
+    try:
+        value = float(match["value"])
+    except ValueError:
+        raise ValueError(f"target {text!r}: {match['value']!r} is not a number") from None
+    return Target(match["metric"], match["op"], value)
+
+
+# ---- ordering and baselines -----------------------------------------------------------------------
+def order_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Rows by machine, model and size, then settings in sweep order (the baseline first)."""
+    if runs.empty:
+        return runs
+    order = setting_order(runs)
+    rank = {s: i for i, s in enumerate(order)}
+    out = runs.assign(_rank=runs["setting"].map(rank), _job=runs["job_num"].fillna(math.inf))
+    out = out.sort_values(["machine", "model", "model_size", "_rank", "_job", "started"], kind="stable",
+                          na_position="last")
+    return out.drop(columns=["_rank", "_job"]).reset_index(drop=True)
+
+
+def setting_order(runs: pd.DataFrame) -> list[str]:
+    """Settings as a sweep launched them (job number, then start time), ``none`` first."""
+    by_launch = runs.assign(_job=runs["job_num"].fillna(math.inf)).sort_values(
+        ["_job", "started"], kind="stable", na_position="last")
+    seen = list(dict.fromkeys(by_launch["setting"]))
+    if BASELINE_SETTING in seen:
+        seen.remove(BASELINE_SETTING)
+        seen.insert(0, BASELINE_SETTING)
+    return seen
+
+
+def add_speedup(runs: pd.DataFrame) -> pd.DataFrame:
+    """``speedup``: median throughput over that of the ``accel=none`` run of the same group.
+
+    Repeated baseline runs count by the median of their medians; no baseline leaves NaN.
+    """
+    if runs.empty:
+        return runs.assign(speedup=pd.Series(dtype=float))
+    base = (runs[runs["setting"] == BASELINE_SETTING].groupby(GROUP, dropna=False)["throughput_median"]
+            .median().rename("_baseline").reset_index())
+    out = runs.merge(base, on=GROUP, how="left")
+    out["speedup"] = out["throughput_median"] / out["_baseline"]
+    return out.drop(columns="_baseline")
+
+
+def add_repeat_labels(runs: pd.DataFrame) -> pd.DataFrame:
+    """``setting_key``: the setting, with ``#2``, ``#3`` for repeats within one group (plot labels)."""
+    if runs.empty:
+        return runs.assign(setting_key=pd.Series(dtype=str))
+    nth = runs.groupby([*GROUP, "setting"], dropna=False).cumcount() + 1
+    keys = [s if n == 1 else f"{s} #{n}" for s, n in zip(runs["setting"], nth)]
+    return runs.assign(setting_key=keys)
+
+
+# ---- time to target -------------------------------------------------------------------------------
+def resolve_metric(tags: set[str], metric: str) -> str | None:
+    """The logged tag a target names: as written, else under ``val/``, ``train/`` or ``perf/``."""
+    for prefix in _PREFIXES:
+        if prefix + metric in tags:
+            return prefix + metric
+    return None
+
+
+def time_to_target(scalars: pd.DataFrame, target: Target) -> dict[str, float | str]:
+    """First step (and seconds since training began) where one run's series meets ``target``.
+
+    ``state`` is ``reached``, ``not reached`` (logged, never met) or ``no series`` (never logged).
+    """
+    usable = scalars[scalars["phase"] != CEILING] if not scalars.empty else scalars
+    tag = resolve_metric(set(usable["tag"]) if not usable.empty else set(), target.metric)
+    if tag is None:
+        return {"state": "no series", "step": math.nan, "elapsed_s": math.nan}
+    series = usable[usable["tag"] == tag].sort_values(["step", "wall_time"])
+    hits = series[[target.met(v) for v in series["value"]]]
+    if hits.empty:
+        return {"state": "not reached", "step": math.nan, "elapsed_s": math.nan}
+    first = hits.iloc[0]
+    return {"state": "reached", "step": float(first["step"]), "elapsed_s": float(first["elapsed_s"])}
+
+
+def add_targets(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target]) -> pd.DataFrame:
+    """Per target, columns ``<label> state``, ``<label> steps`` and ``<label> wall_s``."""
+    out = runs.copy()
+    for target in targets:
+        results = []
+        for run_dir in out["run_dir"]:
+            own = scalars[scalars["run_dir"] == run_dir] if not scalars.empty else scalars
+            results.append(time_to_target(own, target))
+        out[f"{target.label} state"] = [r["state"] for r in results]
+        out[f"{target.label} steps"] = [r["step"] for r in results]
+        out[f"{target.label} wall_s"] = [r["elapsed_s"] for r in results]
+    return out
+
+
+def analyse(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target]) -> pd.DataFrame:
+    """The report's table: ordered rows with speedup, repeat labels and time-to-target columns."""
+    if runs.empty:
+        return runs
+    return add_targets(add_repeat_labels(add_speedup(order_runs(runs))), scalars, targets)

@@ -1,0 +1,260 @@
+"""Read runs into pandas: one row per run from ``summary.json``, the TensorBoard scalars in long form.
+
+Nothing here raises on a bad run: a run without a summary, with ``status != completed`` or with a
+summary that is not JSON becomes a :class:`Problem` naming its folder; a summary of another
+schema version is read as far as its keys allow, with a warning. The notebooks call
+:func:`load_runs` too, so they see exactly what the report sees.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from drivebench.report.discovery import RunDir, find_run_dirs
+from drivebench.report.events import read_scalars
+from drivebench.report.labels import (accel_overrides, command_overrides, hardware_label, machine_label,
+                                      setting_label)
+
+KNOWN_SCHEMA_VERSIONS = (1,)
+COMPLETED = "completed"
+
+
+@dataclass
+class Problem:
+    """A run the report could not use, and why (shown in report.md and on the terminal)."""
+
+    run_dir: Path
+    kind: str  # crashed | unreadable
+    reason: str
+    model: str | None = None
+    accel: str | None = None
+
+
+@dataclass
+class RunSet:
+    """Everything read from a set of folders."""
+
+    runs: pd.DataFrame          # one row per completed run (columns: see summary_row)
+    scalars: pd.DataFrame       # run, phase, tag, step, value, wall_time, elapsed_s
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+# ---- small helpers --------------------------------------------------------------------------------
+def dig(data: Any, *keys: str) -> Any:
+    """``data[k1][k2]...`` or None where a level is missing or not a mapping."""
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def num(value: Any) -> float:
+    """A finite float, or NaN for anything else (None, strings, inf)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    value = float(value)
+    return value if math.isfinite(value) else math.nan
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def _hydra_overrides(run: RunDir) -> list[str] | None:
+    if run.hydra_dir is None:
+        return None
+    data = _read_yaml(run.hydra_dir / "overrides.yaml")
+    return [str(x) for x in data] if isinstance(data, list) else None
+
+
+def _job_num(run: RunDir) -> float:
+    if run.hydra_dir is None:
+        return math.nan
+    return num(dig(_read_yaml(run.hydra_dir / "hydra.yaml"), "hydra", "job", "num"))
+
+
+def _error_line(run: RunDir) -> str | None:
+    """The last line of the run's Hydra log that mentions an error, if any (why it crashed)."""
+    for log in reversed(run.logs):
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in reversed(lines):
+            if "error" in line.lower() or "exception" in line.lower():
+                return line.strip()[:240]
+    return None
+
+
+# ---- one summary -> one row -----------------------------------------------------------------------
+def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
+    """Flatten what the report shows of one run's summary into a row (missing keys -> NaN/None)."""
+    r = summary.get("run") if isinstance(summary.get("run"), dict) else {}
+    machine = summary.get("machine") if isinstance(summary.get("machine"), dict) else {}
+    train = dig(summary, "train") or {}
+    ceiling = dig(summary, "ceiling") or {}
+    loader = dig(summary, "loader") or {}
+    accel = dig(summary, "settings", "accel") or {}
+
+    overrides = _hydra_overrides(run)
+    if overrides is None:  # no .hydra folder copied: the recorded command line (sweep lists skipped)
+        overrides = [o for o in command_overrides(r.get("command")) if "," not in o]
+    knobs = accel_overrides(overrides)
+    accel_name = r.get("accel") or accel.get("name")
+
+    if train.get("steps_measured"):
+        phase, throughput = "train", dig(train, "samples_per_s_per_step") or {}
+    elif ceiling.get("steps_measured"):
+        phase, throughput = "ceiling", dig(ceiling, "samples_per_s_per_step") or {}
+    elif loader:
+        phase, throughput = "loader", {"median": loader.get("samples_per_s")}
+    else:
+        phase, throughput = None, {}
+
+    ckpt_each = dig(summary, "checkpoints", "each") or []
+    row: dict[str, Any] = {
+        "run_dir": str(run.path),
+        "status": r.get("status"),
+        "schema_version": summary.get("schema_version"),
+        "machine": machine_label(machine, r.get("machine_profile")),
+        "hardware": hardware_label(machine),
+        "hostname": machine.get("hostname"),
+        "machine_profile": r.get("machine_profile"),
+        "gpu_count": len(machine.get("gpus") or []),
+        "cpu_model": machine.get("cpu_model"),
+        "cpu_cores": num(machine.get("cpu_cores")),
+        "ram_gb": num(machine.get("ram_gb")),
+        "torch": machine.get("torch"),
+        "cuda": machine.get("cuda"),
+        "driver": machine.get("driver"),
+        "model": r.get("model"),
+        "model_size": r.get("model_size"),
+        "data": r.get("data"),
+        "bench": r.get("bench"),
+        "dist": r.get("dist"),
+        "accel": accel_name,
+        "setting": setting_label(accel_name, knobs),
+        "setting_overrides": " ".join(f"{k}={v}" for k, v in sorted(knobs.items())),
+        "job_num": _job_num(run),
+        "started": r.get("started"),
+        "run_wall_s": num(r.get("wall_s")),
+        "batch_size": num(dig(summary, "settings", "batch_size")),
+        "global_batch_size": num(dig(summary, "settings", "global_batch_size")),
+        "parameters": num(dig(summary, "settings", "parameters")),
+        "numerics_changed_by": ", ".join(map(str, dig(summary, "settings", "numerics_changed_by") or [])),
+        "throughput_phase": phase,
+        "steps_measured": num(train.get("steps_measured")),
+        "warmup_steps": num(train.get("warmup_steps")),
+        "train_wall_s": num(train.get("wall_s")),
+        "samples_per_s": num(train.get("samples_per_s")),
+        "throughput_median": num(throughput.get("median")),
+        "throughput_p10": num(throughput.get("p10")),
+        "throughput_p90": num(throughput.get("p90")),
+        "global_samples_per_s": num(train.get("global_samples_per_s")),
+        "step_s_median": num(dig(train, "step_s", "median")),
+        "data_wait_fraction": num(train.get("data_wait_fraction")),
+        "data_wait_s_median": num(dig(train, "data_wait_s", "median")),
+        "h2d_s_median": num(dig(train, "h2d_s", "median")),
+        "compute_s_median": num(dig(train, "compute_s", "median")),
+        "ceiling_samples_per_s": num(ceiling.get("samples_per_s")),
+        "efficiency": num(summary.get("efficiency")),
+        "device_busy_fraction": num(train.get("device_busy_fraction")),
+        "gpu_util_pct_median": num(dig(train, "system", "gpu_util_pct", "median")),
+        "cpu_main_pct_median": num(dig(train, "system", "cpu_main_pct", "median")),
+        "cpu_workers_pct_median": num(dig(train, "system", "cpu_workers_pct", "median")),
+        "peak_device_gb": num(dig(summary, "memory", "peak_device_gb")),
+        "peak_device_reserved_gb": num(dig(summary, "memory", "peak_device_reserved_gb")),
+        "ckpt_saves": num(dig(summary, "checkpoints", "saves")),
+        "ckpt_blocking_s_total": (sum(num(e.get("blocking_s")) for e in ckpt_each if isinstance(e, dict))
+                                  if ckpt_each else math.nan),
+        "ckpt_blocking_s_median": num(dig(summary, "checkpoints", "blocking_s", "median")),
+        "loader_samples_per_s": num(loader.get("samples_per_s")),
+        "loss_first": num(dig(summary, "loss", "first")),
+        "loss_final": num(dig(summary, "loss", "final")),
+        "loss_nonfinite_steps": num(dig(summary, "loss", "nonfinite_steps")),
+    }
+    for key, value in (dig(summary, "val") or {}).items():
+        row[f"val/{key}"] = num(value)
+    for key, value in accel.items():
+        if key != "name":
+            row[f"accel.{key}"] = value
+    return row
+
+
+def _crashed_labels(run: RunDir) -> tuple[str | None, str | None]:
+    cfg = _read_yaml(run.hydra_dir / "config.yaml") if run.hydra_dir is not None else None
+    return dig(cfg, "model", "name"), dig(cfg, "accel", "name")
+
+
+def read_summary(run: RunDir) -> tuple[dict[str, Any] | None, Problem | None]:
+    """The run's summary, or the problem that keeps the report from using it."""
+    model, accel = _crashed_labels(run)
+    if run.summary is None:
+        why = "no summary.json: the run crashed (or is still running)"
+        error = _error_line(run)
+        return None, Problem(run.path, "crashed", f"{why}; log: {error}" if error else why, model, accel)
+    try:
+        summary = json.loads(run.summary.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return None, Problem(run.path, "unreadable", f"{run.summary} is not readable JSON ({err})", model, accel)
+    if not isinstance(summary, dict):
+        return None, Problem(run.path, "unreadable", f"{run.summary} holds no JSON object", model, accel)
+    status = dig(summary, "run", "status")
+    if status != COMPLETED:
+        return None, Problem(run.path, "crashed", f"status is {status!r}, not {COMPLETED!r}",
+                             dig(summary, "run", "model") or model, dig(summary, "run", "accel") or accel)
+    return summary, None
+
+
+def _short_names(paths: list[str]) -> list[str]:
+    """Each run folder relative to what all of them share (a display id, never used to group)."""
+    if len(paths) == 1:
+        return [Path(paths[0]).name]
+    common = os.path.commonpath(paths)
+    return [os.path.relpath(p, common) for p in paths]
+
+
+def load_runs(dirs: list[Path | str], with_scalars: bool = True) -> RunSet:
+    """Every run under ``dirs`` as a :class:`RunSet` (raises only when there is no run at all)."""
+    run_dirs = find_run_dirs([Path(d) for d in dirs])
+    rows, problems, warnings, scalar_frames = [], [], [], []
+    versions: dict[Any, list[str]] = {}
+    for run in run_dirs:
+        summary, problem = read_summary(run)
+        if problem is not None:
+            problems.append(problem)
+            continue
+        assert summary is not None
+        versions.setdefault(summary.get("schema_version"), []).append(str(run.summary))
+        row = summary_row(summary, run)
+        rows.append(row)
+        if with_scalars and run.event_files:
+            frame, errors = read_scalars(run.event_files)
+            warnings.extend(errors)
+            frame.insert(0, "run_dir", str(run.path))
+            scalar_frames.append(frame)
+    unknown = {v: paths for v, paths in versions.items() if v not in KNOWN_SCHEMA_VERSIONS}
+    for version, paths in unknown.items():
+        warnings.append(f"{len(paths)} summary file(s) have schema_version {version!r} (this report reads "
+                        f"{', '.join(map(str, KNOWN_SCHEMA_VERSIONS))}); read what is readable, e.g. {paths[0]}")
+    runs = pd.DataFrame(rows)
+    if not runs.empty:
+        runs.insert(0, "run", _short_names(runs["run_dir"].tolist()))
+    scalars = pd.concat(scalar_frames, ignore_index=True) if scalar_frames else pd.DataFrame(
+        columns=["run_dir", "phase", "tag", "step", "value", "wall_time", "elapsed_s"])
+    if not runs.empty and not scalars.empty:
+        scalars = scalars.merge(runs[["run_dir", "run"]], on="run_dir", how="left")
+    return RunSet(runs=runs, scalars=scalars, problems=problems, warnings=warnings)

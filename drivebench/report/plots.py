@@ -1,0 +1,198 @@
+"""The report's figures. Each function returns a matplotlib Figure (the notebooks show them inline);
+:func:`save_plots` writes them as PNG files.
+
+Layout: one panel per model (and size), settings along the x axis in sweep order, one bar colour per
+machine, so that "what does this knob buy on this machine" reads left to right and machines read
+side by side.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from drivebench.report.analysis import Target, setting_order
+from drivebench.report.events import TRAIN
+
+LOSS_TAG = "train/loss"
+DPI = 110
+
+
+def _panels(runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    keys = runs["model"].astype(str) + " (" + runs["model_size"].astype(str) + ")"
+    return [(key, runs[keys == key]) for key in dict.fromkeys(keys)]
+
+
+def _figure(n_panels: int, width: float, height: float = 4.2, max_cols: int = 2) -> tuple[Figure, list[plt.Axes]]:
+    ncols = min(n_panels, max_cols)
+    nrows = math.ceil(n_panels / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    flat = list(axes.ravel())
+    for ax in flat[n_panels:]:
+        ax.set_visible(False)
+    return fig, flat[:n_panels]
+
+
+def _run_label(row: pd.Series) -> str:
+    return f"{row['setting_key']} | {row['machine']}"
+
+
+def bar_chart(runs: pd.DataFrame, value: str, title: str, ylabel: str, scale: float = 1.0,
+              low: str | None = None, high: str | None = None, reference: float | None = None,
+              reference_label: str | None = None) -> Figure:
+    """Grouped bars: x = setting, one bar per machine, optional p10-p90 error bars and a reference line."""
+    panels = _panels(runs)
+    machines = list(dict.fromkeys(runs["machine"]))
+    colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(machines)}
+    widest = max(len(p[1]["setting_key"].unique()) for p in panels)
+    fig, axes = _figure(len(panels), width=max(6.0, 1.1 * widest * max(len(machines), 1) ** 0.5 + 2))
+    for ax, (name, part) in zip(axes, panels):
+        settings = [s for s in _key_order(part)]
+        x = np.arange(len(settings))
+        width = min(0.8 / max(len(machines), 1), 0.45)
+        for i, machine in enumerate(machines):
+            rows = part[part["machine"] == machine].set_index("setting_key").reindex(settings)
+            if rows[value].isna().all():
+                continue
+            heights = rows[value].to_numpy(dtype=float) * scale
+            err = None
+            if low is not None and high is not None:
+                lo = (rows[value] - rows[low]).to_numpy(dtype=float) * scale
+                hi = (rows[high] - rows[value]).to_numpy(dtype=float) * scale
+                err = np.vstack([np.nan_to_num(np.clip(lo, 0, None)), np.nan_to_num(np.clip(hi, 0, None))])
+            pos = x + width * (i - (len(machines) - 1) / 2)
+            ax.bar(pos, np.nan_to_num(heights), width, yerr=err, capsize=4, color=colours[machine],
+                   label=machine, edgecolor="black", linewidth=0.5, error_kw={"elinewidth": 1, "ecolor": "0.25"})
+            tops = heights + (err[1] if err is not None else 0)
+            for px, h, top in zip(pos, heights, tops):
+                if not math.isnan(h):  # the value sits above the whisker, never on it
+                    ax.annotate(f"{h:.3g}", (px, top), xytext=(0, 3), textcoords="offset points", ha="center",
+                                va="bottom", fontsize=8)
+        if reference is not None:
+            ax.axhline(reference, color="grey", linestyle="--", linewidth=1, label=reference_label)
+        ax.set_xticks(x, settings, rotation=25, ha="right")
+        ax.set_xlabel("accel setting (sweep order)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title}: {name}")
+        ax.margins(y=0.15)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(title="machine", fontsize=8, title_fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def _key_order(part: pd.DataFrame) -> list[str]:
+    order = setting_order(part)
+    keys = list(dict.fromkeys(part["setting_key"]))
+    return sorted(keys, key=lambda k: (order.index(k.split(" #")[0]) if k.split(" #")[0] in order else 99, k))
+
+
+def throughput_figure(runs: pd.DataFrame) -> Figure:
+    return bar_chart(runs, "throughput_median", "Training throughput",
+                     "samples/s per process\n(median step; whiskers p10-p90)", low="throughput_p10",
+                     high="throughput_p90")
+
+
+def data_wait_figure(runs: pd.DataFrame) -> Figure:
+    return bar_chart(runs, "data_wait_fraction", "Time waiting for data", "data wait (% of step time)",
+                     scale=100.0)
+
+
+def efficiency_figure(runs: pd.DataFrame) -> Figure:
+    return bar_chart(runs, "efficiency", "Efficiency against the ceiling",
+                     "train / ceiling throughput (%)", scale=100.0, reference=100.0,
+                     reference_label="ceiling (batch resident on the device)")
+
+
+def loss_figure(runs: pd.DataFrame, scalars: pd.DataFrame, x: str = "step") -> Figure | None:
+    """Training loss per run against ``step`` or ``elapsed_s``; None when no run logged a loss curve."""
+    if scalars.empty:
+        return None
+    curves = scalars[(scalars["tag"] == LOSS_TAG) & (scalars["phase"] == TRAIN)]
+    if curves.empty:
+        return None
+    panels = [(n, p) for n, p in _panels(runs) if p["run_dir"].isin(curves["run_dir"]).any()]
+    fig, axes = _figure(len(panels), width=7.0)
+    for ax, (name, part) in zip(axes, panels):
+        for _, row in part.iterrows():
+            curve = curves[curves["run_dir"] == row["run_dir"]].sort_values(["step", "wall_time"])
+            if curve.empty:
+                continue
+            ax.plot(curve[x], curve["value"], marker="o", markersize=3, linewidth=1.3, label=_run_label(row))
+        ax.set_xlabel("optimizer step" if x == "step" else "wall time since training began (s)")
+        ax.set_ylabel("training loss (train/loss)")
+        ax.set_title(f"Training loss vs {'step' if x == 'step' else 'wall time'}: {name}")
+        ax.grid(alpha=0.3)
+        ax.legend(title="setting | machine", fontsize=7, title_fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def time_to_target_figure(runs: pd.DataFrame, targets: list[Target]) -> Figure | None:
+    """Horizontal bars: seconds to each target per run, annotated with the step; unmet ones say so."""
+    if not targets or runs.empty:
+        return None
+    # a run that never logged the metric (another model's metric) has no place on its panel
+    shown = [(t, runs[runs[f"{t.label} state"] != "no series"]) for t in targets]
+    shown = [(t, part) for t, part in shown if not part.empty]
+    if not shown:
+        return None
+    tallest = max(len(part) for _, part in shown)
+    fig, axes = _figure(len(shown), width=9.0, height=max(2.2, 0.42 * tallest + 1.4), max_cols=1)
+    for ax, (target, part) in zip(axes, shown):
+        labels = [f"{r['model']} ({r['model_size']}) | {_run_label(r)}" for _, r in part.iterrows()]
+        secs = part[f"{target.label} wall_s"].to_numpy(dtype=float)
+        steps = part[f"{target.label} steps"].to_numpy(dtype=float)
+        states = part[f"{target.label} state"].tolist()
+        y = np.arange(len(part))
+        ax.barh(y, np.nan_to_num(secs), color="tab:green", edgecolor="black", linewidth=0.5)
+        top = np.nanmax(secs) if np.isfinite(secs).any() else 1.0
+        for yi, s, st, state in zip(y, secs, steps, states):
+            text = f"{s:.3g} s, step {st:.0f}" if state == "reached" else state
+            ax.annotate(text, (0 if math.isnan(s) else s, yi), xytext=(4, 0), textcoords="offset points",
+                        va="center", fontsize=8)
+        ax.set_xlim(0, top * 1.35)
+        ax.set_yticks(y, labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("wall time since training began (s)")
+        ax.set_title(f"Time to target {target.label} (first logged value that meets it)")
+        ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def figures(runs: pd.DataFrame, scalars: pd.DataFrame,
+            targets: list[Target]) -> dict[str, Callable[[], Figure | None]]:
+    """Name -> a function drawing it (drawn lazily, one at a time, so memory stays flat)."""
+    out: dict[str, Callable[[], Figure | None]] = {
+        "throughput": lambda: throughput_figure(runs),
+        "data_wait": lambda: data_wait_figure(runs),
+        "efficiency": lambda: efficiency_figure(runs) if runs["efficiency"].notna().any() else None,
+        "loss_vs_step": lambda: loss_figure(runs, scalars, "step"),
+        "loss_vs_time": lambda: loss_figure(runs, scalars, "elapsed_s"),
+    }
+    if targets:
+        out["time_to_target"] = lambda: time_to_target_figure(runs, targets)
+    return out
+
+
+def save_plots(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target], out: Path) -> dict[str, Path]:
+    """Write every figure that has data as ``<out>/<name>.png``; returns name -> path."""
+    written: dict[str, Path] = {}
+    if runs.empty:
+        return written
+    for name, draw in figures(runs, scalars, targets).items():
+        fig = draw()
+        if fig is None:
+            continue
+        path = out / f"{name}.png"
+        fig.savefig(path, dpi=DPI)
+        plt.close(fig)
+        written[name] = path
+    return written

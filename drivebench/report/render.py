@@ -1,0 +1,63 @@
+"""Load, analyse and write a report: ``report.md``, ``report.csv``, PNG plots, and the terminal text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from drivebench.report.analysis import Target, analyse
+from drivebench.report.loading import Problem, RunSet, load_runs
+from drivebench.report.plots import save_plots
+from drivebench.report.tables import main_table, problems_table, to_text, write_csv, write_markdown
+
+
+@dataclass
+class ReportResult:
+    runs: pd.DataFrame                    # the analysed table (what report.csv holds)
+    problems: list[Problem]
+    warnings: list[str]
+    files: dict[str, Path] = field(default_factory=dict)
+    terminal_text: str = ""
+
+    @property
+    def completed(self) -> int:
+        return len(self.runs)
+
+
+def analysed(dirs: list[Path], targets: list[Target]) -> tuple[RunSet, pd.DataFrame]:
+    """Read ``dirs`` and return the run set with its analysed table (speedup, targets, order)."""
+    runset = load_runs(dirs)
+    return runset, analyse(runset.runs, runset.scalars, targets)
+
+
+def terminal_text(runs: pd.DataFrame, targets: list[Target], problems: list[Problem], warnings: list[str],
+                  files: dict[str, Path]) -> str:
+    parts = []
+    if not runs.empty:
+        parts += [f"drivebench report: {len(runs)} completed run(s)", to_text(main_table(runs, targets))]
+    if problems:
+        parts += [f"{len(problems)} run(s) did not complete:", to_text(problems_table(problems))]
+    parts += [f"warning: {w}" for w in warnings]
+    if files:
+        parts.append("written: " + ", ".join(str(p) for p in files.values()))
+    return "\n".join(parts)
+
+
+def write_report(dirs: list[Path], out: Path, targets: list[Target]) -> ReportResult:
+    """The whole report for ``dirs`` into ``out`` (created if needed)."""
+    runset, runs = analysed(dirs, targets)
+    out.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path] = {}
+    plots = save_plots(runs, runset.scalars, targets, out) if not runs.empty else {}
+    csv = out / "report.csv"
+    write_csv(csv, runs)
+    files["report.csv"] = csv
+    md = out / "report.md"
+    write_markdown(md, runs, targets, runset.problems, runset.warnings, plots, dirs)
+    files["report.md"] = md
+    files.update({f"{name}.png": path for name, path in plots.items()})
+    text = terminal_text(runs, targets, runset.problems, runset.warnings, files)
+    return ReportResult(runs=runs, problems=runset.problems, warnings=runset.warnings, files=files,
+                        terminal_text=text)

@@ -1,0 +1,177 @@
+"""The report's text outputs: ``report.csv`` (every column), ``report.md`` and the terminal table.
+
+The markdown and terminal tables show formatted, unit-bearing columns and drop those that no run
+filled (GPU figures on CPU-only runs, for instance); the CSV keeps every raw number.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from drivebench.report.analysis import Target
+from drivebench.report.loading import Problem
+
+_AUX_METRIC = re.compile(r"@|^d\d+\.")  # per-threshold and per-decoder-layer figures: CSV only
+
+
+def fmt(value: Any, digits: int = 3, scale: float = 1.0, unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, (int, float)):
+        return f"{value * scale:.{digits}g}{unit}"
+    return str(value)
+
+
+def _throughput(row: pd.Series) -> str:
+    median = fmt(row["throughput_median"])
+    if not median:
+        return ""
+    lo, hi = fmt(row["throughput_p10"]), fmt(row["throughput_p90"])
+    return f"{median} [{lo}-{hi}]" if lo and hi else median
+
+
+def _ckpt(row: pd.Series) -> str:
+    total = fmt(row["ckpt_blocking_s_total"], unit=" s")
+    saves = row["ckpt_saves"]
+    if not total:
+        return ""
+    return f"{total} ({saves:.0f} saves)" if isinstance(saves, float) and not math.isnan(saves) else total
+
+
+def _loss(row: pd.Series) -> str:
+    first, final = fmt(row["loss_first"]), fmt(row["loss_final"])
+    return f"{first} -> {final}" if first or final else ""
+
+
+def _target_cell(row: pd.Series, target: Target) -> str:
+    state = row.get(f"{target.label} state")
+    if state != "reached":
+        return state or ""
+    return f"step {row[f'{target.label} steps']:.0f}, {fmt(row[f'{target.label} wall_s'], unit=' s')}"
+
+
+# column title -> how to show it; the order is the table's order
+MAIN_COLUMNS: dict[str, Callable[[pd.Series], str]] = {
+    "machine": lambda r: r["machine"],
+    "model": lambda r: f"{r['model']} ({r['model_size']})",
+    "setting": lambda r: r["setting_key"],
+    "samples/s median [p10-p90]": _throughput,
+    "speedup vs none": lambda r: fmt(r["speedup"], unit="x"),
+    "data wait": lambda r: fmt(r["data_wait_fraction"], scale=100, unit="%"),
+    "efficiency vs ceiling": lambda r: fmt(r["efficiency"], scale=100, unit="%"),
+    "device busy": lambda r: fmt(r["device_busy_fraction"], scale=100, unit="%"),
+    "GPU util (median)": lambda r: fmt(r["gpu_util_pct_median"], unit="%"),
+    "peak memory": lambda r: fmt(r["peak_device_gb"], unit=" GiB"),
+    "ckpt blocking": _ckpt,
+    "loss first -> final": _loss,
+    "steps (warm-up)": lambda r: (f"{r['steps_measured']:.0f} ({r['warmup_steps']:.0f})"
+                                  if not math.isnan(r["steps_measured"]) else ""),
+    "run": lambda r: r["run"],
+}
+
+
+def main_table(runs: pd.DataFrame, targets: list[Target]) -> pd.DataFrame:
+    """Formatted strings, one row per run; columns no run filled are dropped."""
+    columns = dict(MAIN_COLUMNS)
+    run_col = columns.pop("run")
+    for target in targets:
+        columns[f"to {target.label}"] = lambda r, t=target: _target_cell(r, t)
+    columns["run"] = run_col
+    table = pd.DataFrame({title: [show(row) for _, row in runs.iterrows()] for title, show in columns.items()})
+    keep = [c for c in table.columns if (table[c] != "").any()]
+    return table[keep]
+
+
+def val_tables(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per model: validation metrics (headline ones; per-threshold/per-layer figures stay in the CSV)."""
+    out = {}
+    for model, part in runs.groupby("model", sort=False):
+        cols = [c for c in part.columns if c.startswith("val/") and part[c].notna().any()
+                and not _AUX_METRIC.search(c.removeprefix("val/"))]
+        if not cols:
+            continue
+        table = pd.DataFrame({
+            "machine": part["machine"], "size": part["model_size"], "setting": part["setting_key"],
+            **{c.removeprefix("val/"): part[c].map(fmt) for c in cols}, "run": part["run"]})
+        out[str(model)] = table.reset_index(drop=True)
+    return out
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    def cell(text: Any) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(c) for c in table.columns) + " |",
+             "|" + "|".join("---" for _ in table.columns) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def to_text(table: pd.DataFrame) -> str:
+    """Aligned plain text for the terminal."""
+    if table.empty:
+        return ""
+    widths = [max(len(str(c)), *(len(str(v)) for v in table[c])) for c in table.columns]
+    def line(values: list[Any]) -> str:
+        return "  ".join(str(v).ljust(w) for v, w in zip(values, widths)).rstrip()
+    rule = "-" * len(line(list(table.columns)))
+    body = [line(list(row)) for row in table.itertuples(index=False)]
+    return "\n".join([rule, line(list(table.columns)), rule, *body, rule])
+
+
+def machines_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per machine: its fingerprint as its first run recorded it, and how many runs it has."""
+    first = runs.drop_duplicates("machine")
+    return pd.DataFrame({
+        "machine": first["machine"], "hostnames": first["machine"].map(
+            runs.groupby("machine")["hostname"].agg(lambda h: ", ".join(sorted(set(map(str, h)))))),
+        "CPU": first["cpu_model"], "cores": first["cpu_cores"].map(fmt), "RAM": first["ram_gb"].map(
+            lambda v: fmt(v, unit=" GiB")), "torch": first["torch"], "CUDA": first["cuda"],
+        "driver": first["driver"], "runs": first["machine"].map(runs["machine"].value_counts()),
+    }).fillna("").reset_index(drop=True)
+
+
+def problems_table(problems: list[Problem]) -> pd.DataFrame:
+    return pd.DataFrame({
+        "kind": [p.kind for p in problems],
+        "model": [p.model or "" for p in problems],
+        "accel": [p.accel or "" for p in problems],
+        "run dir": [str(p.run_dir) for p in problems],
+        "why": [p.reason for p in problems],
+    })
+
+
+def write_markdown(path: Path, runs: pd.DataFrame, targets: list[Target], problems: list[Problem],
+                   warnings: list[str], plots: dict[str, Path], sources: list[Path]) -> None:
+    parts = ["# drivebench report", "",
+             f"Runs read from: {', '.join(f'`{s}`' for s in sources)}. {len(runs)} completed run(s), "
+             f"{len(problems)} not usable.", ""]
+    if not runs.empty:
+        parts += ["## Runs", "",
+                  "Throughput: samples/s of one process, median over the measured steps (warm-up excluded) "
+                  "with the 10th-90th percentile. Speedup: median throughput over the `accel=none` run of the "
+                  "same model, size and machine. Data wait: share of step time spent waiting for the loader. "
+                  "Efficiency: training throughput over the ceiling (the same model on one batch resident on "
+                  "the device). Setting: the accel preset or ablation step, then any `accel.*` knob the run "
+                  "overrode.", "", to_markdown(main_table(runs, targets)), ""]
+        for model, table in val_tables(runs).items():
+            parts += [f"## Validation: {model}", "", to_markdown(table), ""]
+        parts += ["## Machines", "", to_markdown(machines_table(runs)), ""]
+    if problems:
+        parts += ["## Runs that did not complete", "", to_markdown(problems_table(problems)), ""]
+    if warnings:
+        parts += ["## Warnings", "", *[f"- {w}" for w in warnings], ""]
+    if plots:
+        parts += ["## Plots", ""]
+        parts += [f"![{name}]({p.name})" for name, p in plots.items()]
+        parts.append("")
+    path.write_text("\n".join(parts))
+
+
+def write_csv(path: Path, runs: pd.DataFrame) -> None:
+    runs.to_csv(path, index=False)

@@ -1,0 +1,1 @@
+"""Hydra plugin package: puts drivebench's ``experiments/`` folder on the config search path."""
