@@ -99,6 +99,35 @@ def add_repeat_labels(runs: pd.DataFrame) -> pd.DataFrame:
     return runs.assign(setting_key=keys)
 
 
+def _plain(value: object) -> str:
+    """A knob value as written in a config (pandas turns ``4`` into ``4.0`` and ``None`` into NaN)."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "null"
+        if value.is_integer():
+            return str(int(value))
+    return str(value)
+
+
+def knob_changes(runs: pd.DataFrame) -> pd.Series:
+    """Per row, the resolved ``accel.*`` knobs that differ from the row before it in its group.
+
+    In an ablation this names what each step really added on this machine: a knob that resolved
+    to the same value (``pin_memory`` on a CPU-only machine) does not appear.
+    """
+    knobs = [c for c in runs.columns if c.startswith("accel.")]
+    out = pd.Series("", index=runs.index, dtype=object)
+    for _, part in runs.groupby(GROUP, dropna=False, sort=False):
+        previous = None
+        for index, row in part.iterrows():
+            if previous is not None:
+                changed = [f"{k.removeprefix('accel.')}={_plain(row[k])}" for k in knobs
+                           if _plain(row[k]) != _plain(previous[k])]
+                out[index] = ", ".join(changed) if changed else "(nothing changed on this machine)"
+            previous = row
+    return out
+
+
 # ---- time to target -------------------------------------------------------------------------------
 def resolve_metric(tags: set[str], metric: str) -> str | None:
     """The logged tag a target names: as written, else under ``val/``, ``train/`` or ``perf/``."""

@@ -169,6 +169,12 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
         "data_wait_s_median": num(dig(train, "data_wait_s", "median")),
         "h2d_s_median": num(dig(train, "h2d_s", "median")),
         "compute_s_median": num(dig(train, "compute_s", "median")),
+        # means add up (medians do not): the step-time breakdown plot stacks these
+        "step_s_mean": num(dig(train, "step_s", "mean")),
+        "data_wait_s_mean": num(dig(train, "data_wait_s", "mean")),
+        "h2d_s_mean": num(dig(train, "h2d_s", "mean")),
+        "gpu_preprocess_s_mean": num(dig(train, "gpu_preprocess_s", "mean")),
+        "compute_s_mean": num(dig(train, "compute_s", "mean")),
         "ceiling_samples_per_s": num(ceiling.get("samples_per_s")),
         "efficiency": num(summary.get("efficiency")),
         "device_busy_fraction": num(train.get("device_busy_fraction")),

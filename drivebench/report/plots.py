@@ -32,7 +32,8 @@ def _panels(runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 def _figure(n_panels: int, width: float, height: float = 4.2, max_cols: int = 2) -> tuple[Figure, list[plt.Axes]]:
     ncols = min(n_panels, max_cols)
     nrows = math.ceil(n_panels / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False,
+                             layout="constrained")
     flat = list(axes.ravel())
     for ax in flat[n_panels:]:
         ax.set_visible(False)
@@ -77,14 +78,25 @@ def bar_chart(runs: pd.DataFrame, value: str, title: str, ylabel: str, scale: fl
         if reference is not None:
             ax.axhline(reference, color="grey", linestyle="--", linewidth=1, label=reference_label)
         ax.set_xticks(x, settings, rotation=25, ha="right")
+        ax.set_xlim(-0.75, len(settings) - 0.25)  # a lone bar stays a bar, not a wall
         ax.set_xlabel("accel setting (sweep order)")
         ax.set_ylabel(ylabel)
         ax.set_title(f"{title}: {name}")
         ax.margins(y=0.15)
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(title="machine", fontsize=8, title_fontsize=8, loc="best")
-    fig.tight_layout()
+    _figure_legend(fig, axes, title="machine")
     return fig
+
+
+def _figure_legend(fig: Figure, axes: list[plt.Axes], title: str) -> None:
+    """One legend for all panels, under them (panels share machines; a legend inside hides bars)."""
+    entries: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    if entries:
+        fig.legend(list(entries.values()), list(entries.keys()), title=title, loc="outside lower center",
+                   ncol=min(len(entries), 3), fontsize=8, title_fontsize=8)
 
 
 def _key_order(part: pd.DataFrame) -> list[str]:
@@ -110,6 +122,64 @@ def efficiency_figure(runs: pd.DataFrame) -> Figure:
                      reference_label="ceiling (batch resident on the device)")
 
 
+BREAKDOWN = (("data_wait_s_mean", "waiting for data", "tab:red"),
+             ("h2d_s_mean", "host-to-device copy", "tab:orange"),
+             ("gpu_preprocess_s_mean", "device preprocessing", "tab:purple"),
+             ("compute_s_mean", "forward + backward + optimizer", "tab:blue"),
+             ("_other_s", "other (hooks, logging)", "tab:gray"))
+
+
+def step_breakdown_figure(runs: pd.DataFrame) -> Figure:
+    """Where a step's time goes: stacked means per run (setting | machine), one panel per model."""
+    panels = _panels(runs)
+    tallest = max(len(p) for _, p in panels)
+    fig, axes = _figure(len(panels), width=8.0, height=max(2.6, 0.5 * tallest + 1.6))
+    for ax, (name, part) in zip(axes, panels):
+        part = part.assign(_other_s=(part["step_s_mean"] - part[[k for k, _, _ in BREAKDOWN[:-1]]]
+                                     .fillna(0).sum(axis=1)).clip(lower=0))
+        y = np.arange(len(part))
+        left = np.zeros(len(part))
+        for key, label, colour in BREAKDOWN:
+            widths = part[key].fillna(0).to_numpy(dtype=float) * 1e3
+            if not widths.any():
+                continue
+            ax.barh(y, widths, left=left, color=colour, label=label, edgecolor="black", linewidth=0.4)
+            left += widths
+        for yi, total in zip(y, left):
+            ax.annotate(f"{total:.0f} ms" if total >= 100 else f"{total:.3g} ms", (total, yi), xytext=(4, 0),
+                        textcoords="offset points", va="center", fontsize=8)
+        ax.set_yticks(y, [_run_label(r) for _, r in part.iterrows()], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(left.max(), 1e-9) * 1.25)
+        ax.set_xlabel("mean time per training step (ms)")
+        ax.set_title(f"Where a training step's time goes: {name}")
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return fig
+
+
+def series_figure(runs: pd.DataFrame, scalars: pd.DataFrame, tag: str, ylabel: str,
+                  x: str = "step") -> Figure | None:
+    """Any logged scalar (``perf/step_time_s``, ``perf/data_wait_frac``, ...) per run against step or time."""
+    if scalars.empty or not (scalars["tag"] == tag).any():
+        return None
+    curves = scalars[scalars["tag"] == tag]
+    panels = [(n, p) for n, p in _panels(runs) if p["run_dir"].isin(curves["run_dir"]).any()]
+    fig, axes = _figure(len(panels), width=7.0)
+    for ax, (name, part) in zip(axes, panels):
+        for _, row in part.iterrows():
+            curve = curves[curves["run_dir"] == row["run_dir"]].sort_values(["step", "wall_time"])
+            if not curve.empty:
+                ax.plot(curve[x], curve["value"], marker="o", markersize=3, linewidth=1.2, label=_run_label(row))
+        ax.set_xlabel("optimizer step" if x == "step" else "wall time since training began (s)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{tag}: {name}")
+        ax.grid(alpha=0.3)
+        ax.legend(title="setting | machine", fontsize=7, title_fontsize=8, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return fig
+
+
 def loss_figure(runs: pd.DataFrame, scalars: pd.DataFrame, x: str = "step") -> Figure | None:
     """Training loss per run against ``step`` or ``elapsed_s``; None when no run logged a loss curve."""
     if scalars.empty:
@@ -129,8 +199,8 @@ def loss_figure(runs: pd.DataFrame, scalars: pd.DataFrame, x: str = "step") -> F
         ax.set_ylabel("training loss (train/loss)")
         ax.set_title(f"Training loss vs {'step' if x == 'step' else 'wall time'}: {name}")
         ax.grid(alpha=0.3)
-        ax.legend(title="setting | machine", fontsize=7, title_fontsize=8, loc="best")
-    fig.tight_layout()
+        ax.legend(title="setting | machine", fontsize=7, title_fontsize=8, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return fig
 
 
@@ -163,7 +233,6 @@ def time_to_target_figure(runs: pd.DataFrame, targets: list[Target]) -> Figure |
         ax.set_xlabel("wall time since training began (s)")
         ax.set_title(f"Time to target {target.label} (first logged value that meets it)")
         ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
     return fig
 
 
@@ -174,6 +243,7 @@ def figures(runs: pd.DataFrame, scalars: pd.DataFrame,
         "throughput": lambda: throughput_figure(runs),
         "data_wait": lambda: data_wait_figure(runs),
         "efficiency": lambda: efficiency_figure(runs) if runs["efficiency"].notna().any() else None,
+        "step_breakdown": lambda: step_breakdown_figure(runs) if runs["step_s_mean"].notna().any() else None,
         "loss_vs_step": lambda: loss_figure(runs, scalars, "step"),
         "loss_vs_time": lambda: loss_figure(runs, scalars, "elapsed_s"),
     }

@@ -1,0 +1,189 @@
+"""drivebench.report on hand-written summaries: grouping, speedup, labels, argument forms, bad input.
+
+No training here (tests/test_report_smoke.py reports a real sweep): each run folder gets a small
+``summary.json`` with only the keys a case needs, which is also what an older or newer schema looks
+like to the reader.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from drivebench.report import analysed, load_runs, parse_target
+from drivebench.report.analysis import knob_changes, time_to_target
+from drivebench.report.cli import main, translate_hydra_style
+from drivebench.report.labels import accel_overrides, machine_label, setting_label
+
+H200 = {"hostname": "node-7", "cpu_model": "Xeon", "cpu_cores": 16, "accelerator": "cuda",
+        "gpus": [{"index": 0, "name": "NVIDIA H200", "memory_gb": 139.8, "capability": "9.0"}]}
+A100 = {"hostname": "node-2", "cpu_model": "EPYC", "cpu_cores": 8, "accelerator": "cuda",
+        "gpus": [{"index": 0, "name": "NVIDIA A100-SXM4-80GB", "memory_gb": 79.2, "capability": "8.0"}]}
+CPU = {"hostname": "laptop", "cpu_model": "AMD EPYC", "cpu_cores": 2, "accelerator": "cpu", "gpus": []}
+
+
+def write_run(folder: Path, *, machine: dict, profile: str = "local", model: str = "qcnet", accel: str = "none",
+              throughput: float = 10.0, overrides: list[str] | None = None, status: str = "completed",
+              schema_version: int = 1, started: str = "2026-01-01T00:00:00", job_num: int | None = None,
+              knobs: dict | None = None) -> Path:
+    """A run folder as a finished run leaves it (summary.json plus the .hydra files the report reads)."""
+    folder.mkdir(parents=True)
+    summary = {
+        "schema_version": schema_version,
+        "run": {"model": model, "model_size": "tiny", "data": "argoverse2", "accel": accel, "bench": "train",
+                "dist": "single", "machine_profile": profile, "status": status, "started": started,
+                "command": "python -m drivebench " + " ".join(overrides or [])},
+        "machine": machine,
+        "settings": {"accel": {"name": accel, "num_workers": 0, **(knobs or {})}},
+        "train": {"steps_measured": 30, "warmup_steps": 10, "samples_per_s": throughput,
+                  "samples_per_s_per_step": {"median": throughput, "p10": throughput * 0.9,
+                                             "p90": throughput * 1.1},
+                  "data_wait_fraction": 0.25},
+        "efficiency": 0.5,
+        "loss": {"first": 40.0, "final": 30.0},
+        "val": {"minFDE": 3.0},
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+    hydra = folder / ".hydra"
+    hydra.mkdir()
+    (hydra / "config.yaml").write_text(f"model:\n  name: {model}\naccel:\n  name: {accel}\n")
+    (hydra / "overrides.yaml").write_text("".join(f"- {o}\n" for o in (overrides or [])))
+    if job_num is not None:
+        (hydra / "hydra.yaml").write_text(f"hydra:\n  job:\n    num: {job_num}\n")
+    return folder
+
+
+def test_groups_by_recorded_machine_not_by_folder(tmp_path):
+    # copied side by side, in folders named the wrong way round: the summaries decide
+    write_run(tmp_path / "a100" / "run1", machine=H200, profile="h200", accel="none", throughput=10.0)
+    write_run(tmp_path / "a100" / "run2", machine=H200, profile="h200", accel="max", throughput=25.0)
+    write_run(tmp_path / "h200" / "run1", machine=A100, profile="a100", accel="none", throughput=4.0)
+    write_run(tmp_path / "h200" / "run2", machine=A100, profile="a100", accel="max", throughput=6.0)
+    _, runs = analysed([tmp_path / "a100", tmp_path / "h200"], [])
+    assert set(runs["machine"]) == {"1x NVIDIA H200 @ h200", "1x NVIDIA A100-SXM4-80GB @ a100"}
+    speedup = {(r.machine.split(" @ ")[1], r.setting): r.speedup for r in runs.itertuples()}
+    assert speedup == pytest.approx({("h200", "none"): 1.0, ("h200", "max"): 2.5,
+                                     ("a100", "none"): 1.0, ("a100", "max"): 1.5})
+
+
+def test_speedup_needs_a_baseline_of_the_same_model_and_machine(tmp_path):
+    write_run(tmp_path / "r1", machine=CPU, model="qcnet", accel="none", throughput=2.0)
+    write_run(tmp_path / "r2", machine=CPU, model="maptr", accel="max", throughput=8.0)
+    _, runs = analysed([tmp_path], [])
+    by_model = runs.set_index("model")["speedup"]
+    assert by_model["qcnet"] == pytest.approx(1.0)
+    assert math.isnan(by_model["maptr"])  # no maptr baseline: no invented speedup
+
+
+def test_local_machines_stay_apart_by_hostname():
+    assert machine_label(CPU, "local") == "CPU (AMD EPYC, 2 cores) @ laptop"
+    other = {**CPU, "hostname": "desktop"}
+    assert machine_label(other, "local") != machine_label(CPU, "local")
+    two = {**H200, "gpus": H200["gpus"] * 2}
+    assert machine_label(two, "h200") == "2x NVIDIA H200 @ h200"
+
+
+def test_setting_names_the_knobs_a_run_overrode(tmp_path):
+    assert accel_overrides(["accel=none", "accel.num_workers=4", "++accel.pin_memory=true", "model=qcnet",
+                            "accel.x.y=1"]) == {"num_workers": "4", "pin_memory": "true"}
+    assert setting_label("none", {"num_workers": "4"}) == "none num_workers=4"
+    write_run(tmp_path / "r1", machine=CPU, accel="none", overrides=["accel=none", "accel.num_workers=4"])
+    write_run(tmp_path / "r2", machine=CPU, accel="none", overrides=["accel=none"])
+    _, runs = analysed([tmp_path], [])
+    assert sorted(runs["setting"]) == ["none", "none num_workers=4"]
+    # the override is a different setting, not a baseline repeat
+    assert runs.set_index("setting").loc["none num_workers=4", "speedup"] == pytest.approx(1.0)
+
+
+def test_repeats_are_labelled_and_settings_follow_the_sweep_order(tmp_path):
+    for num, step in enumerate(["none", "pool", "cpu", "workers"]):
+        write_run(tmp_path / f"{num}", machine=CPU, accel=step, job_num=num, throughput=2.0 + num,
+                  knobs={"num_workers": 1 if step == "workers" else 0})
+    write_run(tmp_path / "9", machine=CPU, accel="pool", job_num=9, throughput=2.5)
+    _, runs = analysed([tmp_path], [])
+    assert runs["setting_key"].tolist() == ["none", "pool", "pool #2", "cpu", "workers"]
+    changes = knob_changes(runs).tolist()
+    assert changes[0] == "" and changes[-1] == "num_workers=1"
+    assert changes[1] == "(nothing changed on this machine)"
+
+
+def test_target_forms():
+    target = parse_target("val/minFDE<=2.0")
+    assert (target.metric, target.op, target.value) == ("val/minFDE", "<=", 2.0)
+    assert parse_target("mAP >= 0.5").met(0.5) and not parse_target("mAP>0.5").met(0.5)
+    with pytest.raises(ValueError, match="METRIC<=VALUE"):
+        parse_target("val/minFDE=2")
+
+
+def test_time_to_target_takes_the_first_crossing_and_skips_the_ceiling():
+    scalars = pd.DataFrame({
+        "phase": ["train", "train", "train", "ceiling"],
+        "tag": ["train/loss"] * 4,
+        "step": [0, 10, 20, 0],
+        "value": [50.0, 29.0, 20.0, 1.0],
+        "wall_time": [1.0, 2.0, 3.0, 9.0],
+        "elapsed_s": [1.0, 2.0, 3.0, 9.0],
+    })
+    assert time_to_target(scalars, parse_target("loss<=30")) == {"state": "reached", "step": 10.0, "elapsed_s": 2.0}
+    assert time_to_target(scalars, parse_target("train/loss<=5"))["state"] == "not reached"
+    assert time_to_target(scalars, parse_target("val/mAP>=0.5"))["state"] == "no series"
+
+
+def test_hydra_style_arguments():
+    argv = translate_hydra_style(["outputs/x", "report.target=val/minFDE<=2.0", "report.out=/tmp/r",
+                                  "report.target=[train/loss<=3,val/MR<=0.2]"])
+    assert argv == ["outputs/x", "--target=val/minFDE<=2.0", "--out=/tmp/r", "--target=train/loss<=3",
+                    "--target=val/MR<=0.2"]
+
+
+def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    assert main([str(empty)]) == 2
+    assert "no drivebench runs under" in capsys.readouterr().err
+    assert main([str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    write_run(tmp_path / "ok" / "r1", machine=CPU)
+    assert main([str(tmp_path / "ok"), "--target", "loss=3"]) == 2
+    assert "METRIC<=VALUE" in capsys.readouterr().err
+
+
+def test_mixed_schema_and_broken_runs_are_reported_not_raised(tmp_path, capsys):
+    write_run(tmp_path / "good", machine=CPU, throughput=3.0)
+    write_run(tmp_path / "newer", machine=CPU, accel="max", throughput=6.0, schema_version=2)
+    write_run(tmp_path / "failed", machine=CPU, status="failed")
+    (write_run(tmp_path / "garbled", machine=CPU) / "summary.json").write_text("{not json")
+    crashed = write_run(tmp_path / "crashed", machine=CPU, model="maptr")
+    (crashed / "summary.json").unlink()
+    (crashed / "__main__.log").write_text("[INFO] start\n[ERROR] RuntimeError: CUDA out of memory\n")
+
+    runset = load_runs([tmp_path])
+    assert sorted(runset.runs["run"]) == ["good", "newer"]
+    kinds = {Path(p.run_dir).name: (p.kind, p.reason) for p in runset.problems}
+    assert kinds["failed"][0] == "crashed" and "'failed'" in kinds["failed"][1]
+    assert kinds["garbled"][0] == "unreadable" and "summary.json" in kinds["garbled"][1]
+    assert kinds["crashed"][0] == "crashed" and "CUDA out of memory" in kinds["crashed"][1]
+    assert any("schema_version 2" in w for w in runset.warnings)
+
+    out = tmp_path / "report"
+    assert main([str(tmp_path), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    md = (out / "report.md").read_text()
+    for name in ("failed", "garbled", "crashed"):
+        assert str(tmp_path / name) in md
+    assert "schema_version 2" in md
+    assert len(pd.read_csv(out / "report.csv")) == 2
+
+
+def test_only_crashed_runs_still_lists_them_and_exits_2(tmp_path, capsys):
+    crashed = write_run(tmp_path / "crashed", machine=CPU)
+    (crashed / "summary.json").unlink()
+    assert main([str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert "no completed run" in captured.err and "Traceback" not in captured.err
+    assert str(crashed) in (tmp_path / "report.md").read_text()
