@@ -87,13 +87,16 @@ class FourierEmbedding(nn.Module):
             raise ValueError(f"FourierEmbedding expects {self.input_dim} features, got shape {tuple(continuous.shape)}")
         lead = continuous.shape[:-1]
         x = continuous.reshape(-1, self.input_dim).float().t()  # (D, N)
+        num_rows = x.size(1)
         angles = x.unsqueeze(-1) * self.freqs.weight.unsqueeze(1) * (2 * math.pi)  # (D, N, F)
         feats = torch.cat([angles.cos(), angles.sin(), x.unsqueeze(-1)], dim=-1)  # (D, N, 2F+1)
-        h = torch.baddbmm(self.bias_in.unsqueeze(1), feats, self.weight_in)  # (D, N, H)
-        h = F.layer_norm(h, (self.hidden_dim,)) * self.ln_weight.unsqueeze(1) + self.ln_bias.unsqueeze(1)
-        h = torch.relu(h)
-        # sum_d (h_d W_d + b_d) as one contraction over (d, hidden)
-        out = torch.einsum("dnh,dhk->nk", h, self.weight_out) + self.bias_out.sum(0)
+        h = torch.baddbmm(self.bias_in.unsqueeze(1), feats, self.weight_in)  # (D, N, H): D matmuls in one
+        # per-feature LayerNorm with per-feature affine == GroupNorm with one group per feature over (N, D*H);
+        # one fused op that saves only its input for backward
+        h = h.transpose(0, 1).reshape(num_rows, self.input_dim * self.hidden_dim)
+        h = F.group_norm(h, self.input_dim, self.ln_weight.reshape(-1), self.ln_bias.reshape(-1), eps=1e-5)
+        # sum_d (relu(h_d) W_d + b_d) as one matmul over the concatenated (d, hidden) axis
+        out = torch.relu(h) @ self.weight_out.reshape(-1, self.hidden_dim) + self.bias_out.sum(0)
         out = out.reshape(*lead, self.hidden_dim)
         if categorical is not None:
             out = out + categorical
