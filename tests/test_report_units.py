@@ -187,3 +187,17 @@ def test_only_crashed_runs_still_lists_them_and_exits_2(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "no completed run" in captured.err and "Traceback" not in captured.err
     assert str(crashed) in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb")),
+                         ids=lambda p: p.stem)
+def test_notebooks_are_committed_without_outputs(path):
+    import nbformat
+
+    notebook = nbformat.read(path, as_version=4)
+    nbformat.validate(notebook)
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    assert code, f"{path.name} has no code"
+    assert all(not c.outputs and c.execution_count is None for c in code), (
+        f"{path.name} holds outputs: clear them (jupyter nbconvert --clear-output --inplace {path.name})")
+    assert any("DRIVEBENCH_RUNS" in c.source for c in code)

@@ -31,10 +31,11 @@ class Target:
     metric: str
     op: str
     value: float
+    value_text: str = ""  # the number as the user wrote it, so column names echo the command line
 
     @property
     def label(self) -> str:
-        return f"{self.metric}{self.op}{self.value:g}"
+        return f"{self.metric}{self.op}{self.value_text or repr(self.value)}"
 
     def met(self, value: float) -> bool:
         return _OPS[self.op](value, self.value)
@@ -49,7 +50,7 @@ def parse_target(text: str) -> Target:
         value = float(match["value"])
     except ValueError:
         raise ValueError(f"target {text!r}: {match['value']!r} is not a number") from None
-    return Target(match["metric"], match["op"], value)
+    return Target(match["metric"], match["op"], value, match["value"])
 
 
 # ---- ordering and baselines -----------------------------------------------------------------------

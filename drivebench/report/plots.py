@@ -133,7 +133,7 @@ def step_breakdown_figure(runs: pd.DataFrame) -> Figure:
     """Where a step's time goes: stacked means per run (setting | machine), one panel per model."""
     panels = _panels(runs)
     tallest = max(len(p) for _, p in panels)
-    fig, axes = _figure(len(panels), width=8.0, height=max(2.6, 0.5 * tallest + 1.6))
+    fig, axes = _figure(len(panels), width=8.0, height=max(3.0, 0.5 * tallest + 1.6))
     for ax, (name, part) in zip(axes, panels):
         part = part.assign(_other_s=(part["step_s_mean"] - part[[k for k, _, _ in BREAKDOWN[:-1]]]
                                      .fillna(0).sum(axis=1)).clip(lower=0))
