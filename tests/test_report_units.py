@@ -111,6 +111,16 @@ def test_repeats_are_labelled_and_settings_follow_the_sweep_order(tmp_path):
     assert changes[1] == "(nothing changed on this machine)"
 
 
+def test_ceiling_only_runs_report_the_ceiling_throughput(tmp_path):
+    run = write_run(tmp_path / "ceiling", machine=CPU)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["ceiling"] = summary.pop("train")
+    summary["ceiling"]["samples_per_s_per_step"]["median"] = 7.0
+    (run / "summary.json").write_text(json.dumps(summary))
+    row = load_runs([tmp_path]).runs.iloc[0]
+    assert row["throughput_phase"] == "ceiling" and row["throughput_median"] == 7.0
+
+
 def test_target_forms():
     target = parse_target("val/minFDE<=2.0")
     assert (target.metric, target.op, target.value) == ("val/minFDE", "<=", 2.0)
@@ -153,7 +163,9 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
 
 
 def test_mixed_schema_and_broken_runs_are_reported_not_raised(tmp_path, capsys):
-    write_run(tmp_path / "good", machine=CPU, throughput=3.0)
+    good = write_run(tmp_path / "good", machine=CPU, throughput=3.0)
+    (good / "tb").mkdir()
+    (good / "tb" / "events.out.tfevents.1.host.1.0").write_bytes(b"not an event file")
     write_run(tmp_path / "newer", machine=CPU, accel="max", throughput=6.0, schema_version=2)
     write_run(tmp_path / "failed", machine=CPU, status="failed")
     (write_run(tmp_path / "garbled", machine=CPU) / "summary.json").write_text("{not json")
@@ -168,6 +180,7 @@ def test_mixed_schema_and_broken_runs_are_reported_not_raised(tmp_path, capsys):
     assert kinds["garbled"][0] == "unreadable" and "summary.json" in kinds["garbled"][1]
     assert kinds["crashed"][0] == "crashed" and "CUDA out of memory" in kinds["crashed"][1]
     assert any("schema_version 2" in w for w in runset.warnings)
+    assert any("events.out.tfevents.1.host.1.0" in w and "not readable" in w for w in runset.warnings)
 
     out = tmp_path / "report"
     assert main([str(tmp_path), "--out", str(out)]) == 0

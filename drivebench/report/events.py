@@ -37,6 +37,10 @@ def _read_file(path: Path) -> pd.DataFrame:
     acc = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0, "histograms": 1, "images": 1,
                                                      "audio": 1, "compressedHistograms": 1})
     acc.Reload()
+    try:
+        acc.FirstEventTimestamp()
+    except ValueError:  # the accumulator skips unreadable records silently: no event at all means garbage
+        raise ValueError("no readable event in the file") from None
     tags = acc.Tags().get("scalars", [])
     phase = file_phase(tags)
     rows = [(phase, tag, int(e.step), float(e.value), float(e.wall_time), str(path))
