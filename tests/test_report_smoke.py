@@ -105,13 +105,14 @@ def test_time_to_target_follows_the_tensorboard_series(report, summaries):
     table = pd.read_csv(report["out"] / "report.csv").set_index("run")
     median_target, val_target, unreachable, missing = report["targets"]
     row = table.loc[report["none_run"]]
-    assert row[f"{median_target} state"] == "reached"
-    assert row[f"{median_target} steps"] == report["expected_step"]
-    assert 0 < row[f"{median_target} wall_s"] < summaries[report["none_run"]]["run"]["wall_s"]
+    assert row[f"to {median_target} state"] == "reached"
+    assert row[f"to {median_target} steps"] == report["expected_step"]
+    assert 0 < row[f"to {median_target} wall_s"] < summaries[report["none_run"]]["run"]["wall_s"]
     # the end-of-run validation counts at the last training step, not at its own trainer's step 0
-    assert row[f"{val_target} steps"] == summaries[report["none_run"]]["train"]["steps_total"]
-    assert (table[f"{unreachable} state"] == "not reached").all()
-    assert (table["val/no_such_metric>=0 state"] == "no series").all()
+    assert row[f"to {val_target} steps"] == summaries[report["none_run"]]["train"]["steps_total"]
+    assert (table[f"to {unreachable} state"] == "not reached").all()
+    assert (table[f"to {missing} state"] == "no series").all()
+    assert not [c for c in table.columns if c.startswith("val/") and ("<=" in c or ">=" in c)]
 
 
 def test_markdown_terminal_and_plots(report, summaries):

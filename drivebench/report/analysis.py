@@ -155,17 +155,22 @@ def time_to_target(scalars: pd.DataFrame, target: Target) -> dict[str, float | s
     return {"state": "reached", "step": float(first["step"]), "elapsed_s": float(first["elapsed_s"])}
 
 
+def target_column(target: Target, field: str) -> str:
+    """``to val/minFDE<=2.0 steps``: never starts with ``val/``, so never mistaken for a metric."""
+    return f"to {target.label} {field}"
+
+
 def add_targets(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target]) -> pd.DataFrame:
-    """Per target, columns ``<label> state``, ``<label> steps`` and ``<label> wall_s``."""
+    """Per target, columns ``to <label> state``, ``... steps`` and ``... wall_s``."""
     out = runs.copy()
     for target in targets:
         results = []
         for run_dir in out["run_dir"]:
             own = scalars[scalars["run_dir"] == run_dir] if not scalars.empty else scalars
             results.append(time_to_target(own, target))
-        out[f"{target.label} state"] = [r["state"] for r in results]
-        out[f"{target.label} steps"] = [r["step"] for r in results]
-        out[f"{target.label} wall_s"] = [r["elapsed_s"] for r in results]
+        out[target_column(target, "state")] = [r["state"] for r in results]
+        out[target_column(target, "steps")] = [r["step"] for r in results]
+        out[target_column(target, "wall_s")] = [r["elapsed_s"] for r in results]
     return out
 
 

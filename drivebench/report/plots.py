@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from drivebench.report.analysis import Target, setting_order
+from drivebench.report.analysis import Target, setting_order, target_column
 from drivebench.report.events import TRAIN
 
 LOSS_TAG = "train/loss"
@@ -209,7 +209,7 @@ def time_to_target_figure(runs: pd.DataFrame, targets: list[Target]) -> Figure |
     if not targets or runs.empty:
         return None
     # a run that never logged the metric (another model's metric) has no place on its panel
-    shown = [(t, runs[runs[f"{t.label} state"] != "no series"]) for t in targets]
+    shown = [(t, runs[runs[target_column(t, "state")] != "no series"]) for t in targets]
     shown = [(t, part) for t, part in shown if not part.empty]
     if not shown:
         return None
@@ -217,9 +217,9 @@ def time_to_target_figure(runs: pd.DataFrame, targets: list[Target]) -> Figure |
     fig, axes = _figure(len(shown), width=9.0, height=max(2.2, 0.42 * tallest + 1.4), max_cols=1)
     for ax, (target, part) in zip(axes, shown):
         labels = [f"{r['model']} ({r['model_size']}) | {_run_label(r)}" for _, r in part.iterrows()]
-        secs = part[f"{target.label} wall_s"].to_numpy(dtype=float)
-        steps = part[f"{target.label} steps"].to_numpy(dtype=float)
-        states = part[f"{target.label} state"].tolist()
+        secs = part[target_column(target, "wall_s")].to_numpy(dtype=float)
+        steps = part[target_column(target, "steps")].to_numpy(dtype=float)
+        states = part[target_column(target, "state")].tolist()
         y = np.arange(len(part))
         ax.barh(y, np.nan_to_num(secs), color="tab:green", edgecolor="black", linewidth=0.5)
         top = np.nanmax(secs) if np.isfinite(secs).any() else 1.0

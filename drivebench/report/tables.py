@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from drivebench.report.analysis import Target
+from drivebench.report.analysis import Target, target_column
 from drivebench.report.loading import Problem
 
 _AUX_METRIC = re.compile(r"@|^d\d+\.")  # per-threshold and per-decoder-layer figures: CSV only
@@ -49,10 +49,10 @@ def _loss(row: pd.Series) -> str:
 
 
 def _target_cell(row: pd.Series, target: Target) -> str:
-    state = row.get(f"{target.label} state")
+    state = row.get(target_column(target, "state"))
     if state != "reached":
         return state or ""
-    return f"step {row[f'{target.label} steps']:.0f}, {fmt(row[f'{target.label} wall_s'], unit=' s')}"
+    return f"step {row[target_column(target, 'steps')]:.0f}, {fmt(row[target_column(target, 'wall_s')], unit=' s')}"
 
 
 # column title -> how to show it; the order is the table's order
