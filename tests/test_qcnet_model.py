@@ -60,7 +60,8 @@ def test_tiny_forward_backward_shapes_finite_and_every_parameter_gets_a_gradient
     assert (out["scale_propose_pos"] > 0.1).all() and (out["scale_refine_pos"] > 0.1).all()
     assert set(losses) == {"loss", "reg_loss_propose", "reg_loss_refine", "cls_loss"}
     assert all(torch.isfinite(v) for v in losses.values())
-    torch.testing.assert_close(losses["loss"], losses["reg_loss_propose"] + losses["reg_loss_refine"] + losses["cls_loss"])
+    total = losses["reg_loss_propose"] + losses["reg_loss_refine"] + losses["cls_loss"]
+    torch.testing.assert_close(losses["loss"], total)
     missing = [n for n, p in net.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
     assert not missing, f"no finite gradient for {missing}"
     assert sum(float(p.grad.abs().sum()) for p in net.parameters()) > 0

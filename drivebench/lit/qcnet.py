@@ -73,8 +73,8 @@ class QCNetModule(DriveModule):
         valid = batch["agent_predict_mask"]
         prob = torch.softmax(outputs["pi"].float(), dim=-1)
         self.model_metrics.update(outputs["loc_refine_pos"][..., :2], target, valid, prob, agent_mask=focal)
-        baseline = constant_velocity_forecast(batch["agent_velocity"][:, -1].float(), batch["agent_heading"][:, -1].float(),
-                                              num_steps=target.size(1))
+        baseline = constant_velocity_forecast(batch["agent_velocity"][:, -1].float(),
+                                              batch["agent_heading"][:, -1].float(), num_steps=target.size(1))
         self.baseline_metrics.update(baseline.unsqueeze(1), target, valid, None, agent_mask=focal)
 
     def compute_metrics(self) -> dict[str, float]:

@@ -47,7 +47,8 @@ Node spaces: agent ``a``; agent-step ``a * T + t``; mode query ``a * K + k``; po
   ``edge_pl2m``    polygon -> agent (current positions, < ``pl2m_radius``), agents to predict
   ``edge_a2m``     agent -> agent (current positions, < ``a2m_radius``, no loops), source valid now, dst to predict
   ``edge_m2m``     mode query -> mode query of the same agent (all K x K, loops included), agents to predict
-The K mode queries of an agent share its ``edge_t2m``/``edge_pl2m``/``edge_a2m`` edges (the decoder attends with group_size=K).
+The K mode queries of an agent share its ``edge_t2m``/``edge_pl2m``/``edge_a2m`` edges (the decoder
+attends with ``group_size=K``).
 """
 
 from __future__ import annotations

@@ -73,7 +73,8 @@ class Decoder(nn.Module):
         self.to_pi = MLPLayer(hidden_dim, hidden_dim, 1)
         self.apply(init_weights)
 
-    def forward(self, batch: Mapping[str, torch.Tensor], x_pl: torch.Tensor, x_a: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, batch: Mapping[str, torch.Tensor], x_pl: torch.Tensor,
+                x_a: torch.Tensor) -> dict[str, torch.Tensor]:
         K, T, H = self.num_modes, self.num_historical_steps, self.hidden_dim
         pos = batch["agent_position"]
         head = batch["agent_heading"]

@@ -45,7 +45,8 @@ class QCNetLoss(nn.Module):
         super().__init__()
         self.output_dim = output_dim
 
-    def forward(self, outputs: Mapping[str, torch.Tensor], batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def forward(self, outputs: Mapping[str, torch.Tensor],
+                batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         d = self.output_dim
         reg_mask = batch["agent_predict_mask"]  # (A, F)
         cls_mask = reg_mask[:, -1]

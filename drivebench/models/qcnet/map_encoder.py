@@ -45,7 +45,8 @@ class MapEncoder(nn.Module):
             batch["point_magnitude"].unsqueeze(-1),
             self.type_pt_emb(batch["point_type"]) + self.side_pt_emb(batch["point_side"]),
         )
-        x_pl = self.x_pl_emb(None, self.type_pl_emb(batch["polygon_type"]) + self.int_pl_emb(batch["polygon_is_intersection"]))
+        x_pl = self.x_pl_emb(
+            None, self.type_pl_emb(batch["polygon_type"]) + self.int_pl_emb(batch["polygon_is_intersection"]))
 
         pt2pl = batch["edge_pt2pl"]
         r_pt2pl = relative_pose(pos_pt[pt2pl[0]], pos_pl[pt2pl[1]], orient_pt[pt2pl[0]], orient_pl[pt2pl[1]])

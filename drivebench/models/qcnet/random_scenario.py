@@ -21,11 +21,13 @@ _LANES_PER_ROAD = 3
 _SEGMENTS_PER_LANE = 8
 _SEGMENT_LENGTH = 25.0
 _LANE_WIDTH = 3.5
-_REL_PRED, _REL_SUCC, _REL_LEFT, _REL_RIGHT = (schema.POLYGON_TO_POLYGON_TYPES.index(n) for n in ("PRED", "SUCC", "LEFT", "RIGHT"))
+_REL_PRED, _REL_SUCC, _REL_LEFT, _REL_RIGHT = (
+    schema.POLYGON_TO_POLYGON_TYPES.index(n) for n in ("PRED", "SUCC", "LEFT", "RIGHT"))
 _POINT_CENTERLINE = schema.POINT_TYPES.index("CENTERLINE")
 _POINT_SIDES = tuple(schema.POINT_SIDES.index(n) for n in ("LEFT", "RIGHT", "CENTER"))
 _NUM_LANE_MARKS = len(schema.LANE_MARK_TYPES)
-_INTERSECTION, _NOT_INTERSECTION = schema.POLYGON_IS_INTERSECTION.index(True), schema.POLYGON_IS_INTERSECTION.index(False)
+_INTERSECTION = schema.POLYGON_IS_INTERSECTION.index(True)
+_NOT_INTERSECTION = schema.POLYGON_IS_INTERSECTION.index(False)
 
 
 def random_scenario(num_agents: int = 63, num_polygons: int = 216, seed: int = 0, extent: float = 200.0,
@@ -164,7 +166,8 @@ def _agents(rng: np.random.Generator, num_agents: int, road_anchor: np.ndarray, 
     }
 
 
-def upstream_masks(observed: np.ndarray, num_historical_steps: int = NUM_HISTORICAL_STEPS) -> tuple[np.ndarray, np.ndarray]:
+def upstream_masks(observed: np.ndarray,
+                   num_historical_steps: int = NUM_HISTORICAL_STEPS) -> tuple[np.ndarray, np.ndarray]:
     """Upstream's ``valid_mask`` / ``predict_mask`` from per-step observation flags (A, 110).
 
     History step t is valid only if t-1 and t were observed (step 0 never is); future steps are
