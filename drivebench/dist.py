@@ -127,9 +127,11 @@ def _rank_command(local_rank: int) -> tuple[list[str], str]:
 
 def patch_rank_launch_command() -> None:
     """Make Lightning launch rank processes for this job only (see module docstring, point 1)."""
-    from lightning.fabric.strategies.launchers import subprocess_script
+    from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
+    from lightning.pytorch.strategies.launchers import subprocess_script as trainer_launcher
 
-    subprocess_script._hydra_subprocess_cmd = _rank_command
+    fabric_launcher._hydra_subprocess_cmd = _rank_command
+    trainer_launcher._hydra_subprocess_cmd = _rank_command  # imported by name there
 
 
 def external_rank_overrides(environ: dict[str, str] | None = None) -> list[str]:

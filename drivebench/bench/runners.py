@@ -271,7 +271,8 @@ class TrainBench:
             "settings": {
                 "accel": run.accel.to_dict(),
                 "numerics_changed_by": run.accel.numerics_changes(),
-                "compiled_units": run.compiled_units,
+                "compiled_units": run.compiled_units or (
+                    "none: the model declares no compile units" if run.accel.compile else []),
                 "batch_size": cfg.model.batch_size,
                 "global_batch_size": cfg.model.batch_size * _world(run),
                 "warmup_steps": self.warmup_steps,

@@ -132,6 +132,10 @@ class GaussianFormer(nn.Module):
                 anchor_embed = self.anchor_encoder(anchor)
         return layers
 
+    def compile_units(self) -> dict[str, nn.Module]:
+        """What ``accel.compile`` compiles: the image backbone + FPN (static shapes, most FLOPs)."""
+        return {"image_encoder": self.image_encoder}
+
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         layers = self.encode(batch)
         occ_logits = [self.head(layers[i]) for i in self.supervised_layers()]

@@ -94,6 +94,11 @@ class MapTR(nn.Module):
         """Parameters of the image backbone (upstream trains them at 0.1x the learning rate)."""
         return list(self.image_encoder.backbone.parameters())
 
+    def compile_units(self) -> dict[str, nn.Module]:
+        """What ``accel.compile`` compiles: the image backbone + FPN (static shapes, most FLOPs).
+        The BEV encoder and decoder stay eager (their matching runs on the host)."""
+        return {"image_encoder": self.image_encoder}
+
     def forward(
         self,
         batch: dict[str, Any],

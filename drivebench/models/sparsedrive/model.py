@@ -196,6 +196,11 @@ class SparseDrive(nn.Module):
         return TemporalContext(has_history, valid, prev2cur, dt, interval)
 
     # ---- forward -----------------------------------------------------------------------------
+    def compile_units(self) -> dict[str, nn.Module]:
+        """What ``accel.compile`` compiles: the image backbone + FPN (static shapes, most FLOPs).
+        The heads stay eager: their instance banks and matching depend on the data."""
+        return {"encoder": self.encoder}
+
     def forward(self, batch: Mapping[str, Any]) -> SparseDriveOutput:
         img = batch["img"]
         if img.dim() != 5 or img.shape[1] != self.num_cams:
