@@ -284,7 +284,8 @@ class Renderer:
         fully_in = flags.all(axis=(1, 2))
         uv_in = cam.project(faces_cam)
         # faces smaller than a pixel add nothing but cost a call each
-        area = 0.5 * np.abs(np.cross(uv_in[:, 2] - uv_in[:, 0], uv_in[:, 3] - uv_in[:, 1]))
+        d1, d2 = uv_in[:, 2] - uv_in[:, 0], uv_in[:, 3] - uv_in[:, 1]
+        area = 0.5 * np.abs(d1[:, 0] * d2[:, 1] - d1[:, 1] * d2[:, 0])  # 2-D cross (np.cross of 2-D vectors is gone in numpy 2)
         keep = ~fully_in | (area > 0.3)
         pts_all = np.round(uv_in * (1 << _SUB)).astype(np.int32)
         for k in np.argsort(-depth):

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Helpers for benchmark scripts on the GPU machine: a time budget, one log streamed to $OUT as
+# each run finishes, and a cumulative tarball of run directories (summaries + TensorBoard).
+source scripts/device/setup.sh || exit 1
+START=$(date +%s)
+LIMIT=${LIMIT:-560}
+RUNS=/tmp/runs
+mkdir -p "$RUNS" "$OUT"
+log() { echo "$@" | tee -a "$OUT/log.txt"; }
+bundle() {
+  (cd "$RUNS" && tar czf "$OUT/.runs.tgz" --exclude='*.ckpt' --exclude='*.partial' . 2>/dev/null) && mv "$OUT/.runs.tgz" "$OUT/runs.tgz"
+}
+left() { echo $(( LIMIT - ($(date +%s) - START) )); }
+# run NAME CAP_SECONDS [env VAR=... --] drivebench overrides...
+run() {
+  local name=$1 cap=$2; shift 2
+  local remaining; remaining=$(left)
+  if (( remaining < 40 )); then log "SKIP $name (budget)"; return; fi
+  (( cap > remaining - 15 )) && cap=$(( remaining - 15 ))
+  log "=== $name (cap ${cap}s, $(left)s left): $*"
+  local t0; t0=$(date +%s)
+  timeout -k 5 "$cap" python3 -m drivebench "$@" hydra.run.dir="$RUNS/$name" > "$RUNS/$name.log" 2>&1
+  local rc=$?
+  log "rc=$rc in $(( $(date +%s) - t0 ))s"
+  grep -E "^(throughput|step time|data wait|device busy|GPU util|ceiling|efficiency|peak|train loss|val (loss|minADE|minFDE|cv_minFDE|cv_minADE|MR|mAP|mIoU|iou) )" "$RUNS/$name.log" | tee -a "$OUT/log.txt"
+  if (( rc != 0 )); then grep -E "Error|error|Traceback" "$RUNS/$name.log" | tail -6 | tee -a "$OUT/log.txt"; tail -3 "$RUNS/$name.log" >> "$OUT/log.txt"; fi
+  bundle
+}
