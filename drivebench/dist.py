@@ -148,9 +148,10 @@ def external_rank_overrides(environ: dict[str, str] | None = None) -> list[str]:
 class DistJob:
     """Context for one Hydra job: restores the environment and tears DDP down when the job ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, child_timeout_s: float = 120.0) -> None:
         self._saved = {k: os.environ.get(k) for k in _DIST_ENV}
         self.trainers: list[Any] = []
+        self.child_timeout_s = child_timeout_s
 
     def __enter__(self) -> "DistJob":
         return self
@@ -159,15 +160,18 @@ class DistJob:
         self.trainers.append(trainer)
 
     def __exit__(self, *exc: Any) -> None:
+        # every rank leaves the process group first (NCCL teardown waits for its peers), then
+        # rank 0 waits for the rank processes it launched
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
         for trainer in self.trainers:
             launcher = getattr(trainer.strategy, "launcher", None)
             for proc in getattr(launcher, "procs", []) or []:
                 try:
-                    proc.wait(timeout=600)
+                    proc.wait(timeout=self.child_timeout_s)
                 except Exception:
+                    log.error("rank process %s did not exit within %ss; killing it", proc.pid, self.child_timeout_s)
                     proc.kill()
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
         for key, value in self._saved.items():
             if value is None:
                 os.environ.pop(key, None)

@@ -128,7 +128,9 @@ def render_table(summary: dict[str, Any]) -> str:
         step = train["step_s"]
         rows += [
             ("steps measured (warm-up)", f"{train['steps_measured']} ({train['warmup_steps']})"),
-            ("throughput", f"{_fmt(train['samples_per_s'])} samples/s"),
+            ("throughput", f"{_fmt(train['samples_per_s'])} samples/s"
+                           + (f" per process, {_fmt(train['global_samples_per_s'])} global"
+                              if train.get("global_samples_per_s") else "")),
             ("step time median [p10, p90]",
              f"{_fmt(step['median'], ' s')} [{_fmt(step['p10'])}, {_fmt(step['p90'])}]"),
             ("data wait", f"{_fmt(train['data_wait_fraction'], '%', 100)} of step time "
@@ -136,10 +138,10 @@ def render_table(summary: dict[str, Any]) -> str:
             ("host-to-device median", _fmt(train["h2d_s"]["median"], " s")),
         ]
         if "device_busy_fraction" in train:
-            rows.append(("device busy (CUDA events)", _fmt(train["device_busy_fraction"], "%", 100)))
+            rows.append(("device span (CUDA events)", _fmt(train["device_busy_fraction"], "%", 100)))
         gpu_util = (train.get("system") or {}).get("gpu_util_pct")
         if gpu_util:
-            rows.append(("GPU utilisation median (NVML)", _fmt(gpu_util["median"], "%")))
+            rows.append(("GPU busy, median (NVML)", _fmt(gpu_util["median"], "%")))
     ceiling = summary.get("ceiling") or {}
     if ceiling.get("steps_measured"):
         rows.append(("ceiling throughput", f"{_fmt(ceiling['samples_per_s'])} samples/s"))
