@@ -16,6 +16,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -68,6 +69,20 @@ class Run:
         }
 
 
+def build(node: Any, *args: Any, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate``, but a ConfigError raised by the target reaches the user as itself
+    (Hydra would wrap it in an InstantiationException with a stack of its own)."""
+    try:
+        return instantiate(node, *args, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        raise
+
+
 def _check_positive(cfg: DictConfig, key: str) -> None:
     value = OmegaConf.select(cfg, key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -97,10 +112,10 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     accel.apply_global_flags()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
 
-    source = instantiate(cfg.data.source)
-    transform = instantiate(cfg.model.transform) if cfg.model.get("transform") else None
-    collate = instantiate(cfg.model.collate) if cfg.model.get("collate") else None
-    batch_sampler = instantiate(cfg.model.batch_sampler) if cfg.model.get("batch_sampler") else None
+    source = build(cfg.data.source)
+    transform = build(cfg.model.transform) if cfg.model.get("transform") else None
+    collate = build(cfg.model.collate) if cfg.model.get("collate") else None
+    batch_sampler = build(cfg.model.batch_sampler) if cfg.model.get("batch_sampler") else None
     datamodule = DriveDataModule(
         source=source, transform=transform, collate_fn=collate, batch_size=cfg.model.batch_size,
         val_batch_size=cfg.model.val_batch_size, accel=accel, seed=cfg.seed,
@@ -108,13 +123,13 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
         batch_sampler=batch_sampler,
     )
     device_transform = transform.device_transform_for(accel) if hasattr(transform, "device_transform_for") else None
-    net = instantiate(cfg.model.net)
+    net = build(cfg.model.net)
     if accel.channels_last:
         to_channels_last(net)
     compiled = apply_compile(net, accel)
-    scheduler = instantiate(cfg.model.scheduler) if cfg.model.get("scheduler") else None
-    module = instantiate(cfg.model.module)(
-        net=net, optimizer=instantiate(cfg.model.optimizer), scheduler=scheduler,
+    scheduler = build(cfg.model.scheduler) if cfg.model.get("scheduler") else None
+    module = build(cfg.model.module)(
+        net=net, optimizer=build(cfg.model.optimizer), scheduler=scheduler,
         scheduler_interval=cfg.model.get("scheduler_interval", "step"), device_transform=device_transform,
     )
     run = Run(cfg=cfg, machine=machine, accel=accel, output_dir=output_dir, datamodule=datamodule,
@@ -134,7 +149,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         with DistJob() as job:
             run = build_run(cfg, output_dir)
             run.job = job
-            bench = instantiate(cfg.bench)
+            bench = build(cfg.bench)
             return bench.run(run)
     except ConfigError as err:
         print(f"drivebench: error: {err}", file=sys.stderr)

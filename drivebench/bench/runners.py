@@ -17,12 +17,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from drivebench.accel.compile import compile_report
-from drivebench.app import Run
-from drivebench.ckpt.resume import find_resume_checkpoint
+from drivebench.app import Run, build
+from drivebench.ckpt.resume import find_resume_checkpoint, readable_checkpoint
 from drivebench.dist import gather_objects
 from drivebench.errors import ConfigError
 from drivebench.secrets import redact, redact_argv
@@ -128,7 +127,7 @@ class TrainBench:
         cfg = run.cfg
         timer = StepTimer("perf", self.warmup_steps, self.sync_each_step, self.log_every_n_steps, monitor)
         callbacks: list[pl.Callback] = [timer]
-        ckpt = instantiate(cfg.ckpt.callback, _convert_="all") if cfg.ckpt.get("callback") else None
+        ckpt = build(cfg.ckpt.callback, _convert_="all") if cfg.ckpt.get("callback") else None
         if ckpt is not None:
             callbacks.append(ckpt)
         resume_from = find_resume_checkpoint(cfg, ckpt.store if ckpt is not None else None)
@@ -152,7 +151,8 @@ class TrainBench:
             torch.cuda.reset_peak_memory_stats()
         if run.job is not None:
             run.job.track(trainer)
-        trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=resume_from)
+        with readable_checkpoint(resume_from, ckpt.store if ckpt is not None else None) as ckpt_path:
+            trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=ckpt_path)  # remote: a local copy
         self.is_global_zero = trainer.is_global_zero
         summary["train"] = phase_stats(timer.times, monitor)
         if trainer.world_size > 1:

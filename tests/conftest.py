@@ -1,0 +1,26 @@
+"""Shared fixtures: one embedded-data cache per test session, helpers to run drivebench."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def drivebench_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DRIVEBENCH_CACHE for this test session (embedded sets are generated once into it)."""
+    return tmp_path_factory.mktemp("drivebench-cache")
+
+
+def run_cli(args: list[str], cache: Path, cwd: Path | None = None, timeout: float = 600,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m drivebench <args>`` in a subprocess with the session's data cache."""
+    full_env = {**os.environ, "DRIVEBENCH_CACHE": str(cache), "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "drivebench", *args], cwd=cwd or REPO, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,186 @@
+"""The harness end to end with QCNet (tiny) on the embedded Argoverse 2 set: a real
+``python -m drivebench`` run, its summary.json and TensorBoard events, every accel preset, and the
+knobs that must not change what the model learns."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from drivebench.app import build_run
+from tests.conftest import REPO, run_cli
+
+TINY = ["model=qcnet", "model.size=tiny", "data.size=mini"]
+FAST = ["bench.val_batches=0", "bench.ceiling=false", "ckpt=none"]
+
+
+@pytest.fixture(scope="module")
+def full_run(drivebench_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("qcnet-full")
+    proc = run_cli([*TINY, "accel=none", "trainer.max_steps=40", "bench.warmup_steps=5", "bench.val_batches=4",
+                    "bench.ceiling_steps=6", "bench.ceiling_warmup_steps=2", f"hydra.run.dir={run_dir}"],
+                   drivebench_cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "drivebench run summary" in proc.stdout
+    return run_dir
+
+
+def test_summary_has_every_documented_field_with_sane_values(full_run: Path):
+    s = json.loads((full_run / "summary.json").read_text())
+    documented = [line.split("|")[1].strip().strip("`") for line in (REPO / "docs" / "summary.md").read_text()
+                  .split("A phase (`train`, `ceiling`) holds:")[0].splitlines() if line.startswith("| `")]
+    optional = {"loader", "ranks", "dist", "checkpoints"}  # other benches, DDP, ckpt=none
+    for key in documented:
+        if key not in optional:
+            assert key in s, f"summary.json lacks documented key {key!r}"
+    assert s["schema_version"] == 1 and s["run"]["status"] == "completed"
+    assert s["run"]["model"] == "qcnet" and s["run"]["accel"] == "none"
+    assert s["machine"]["cpu_cores"] >= 1 and s["machine"]["accelerator"] == "cpu"
+    train = s["train"]
+    assert train["steps_measured"] == 35 and train["warmup_steps"] == 5
+    assert train["samples_per_s"] > 0 and 0 <= train["data_wait_fraction"] < 1
+    for key in ("step_s", "data_wait_s", "h2d_s", "compute_s"):
+        d = train[key]
+        assert d["n"] == 35 and d["p10"] <= d["median"] <= d["p90"], key
+    assert train["compute_s"]["median"] <= train["step_s"]["median"] * 1.01
+    assert train["system"]["cpu_main_pct"]["n"] >= 0
+    assert s["ceiling"]["steps_measured"] == 6 and s["ceiling"]["samples_per_s"] > 0
+    assert s["efficiency"] == pytest.approx(train["samples_per_s"] / s["ceiling"]["samples_per_s"])
+    assert s["data"]["train_samples"] > 0 and s["data"]["embedded"] is True
+    assert s["settings"]["accel"]["num_workers"] == 0 and s["settings"]["numerics_changed_by"] == []
+    assert s["settings"]["parameters"] > 0
+    for key in ("minADE", "minFDE", "MR", "brier_minFDE", "cv_minFDE"):
+        assert math.isfinite(s["val"][key]), key
+    assert s["config"]["model"]["name"] == "qcnet"
+
+
+def test_loss_falls(full_run: Path):
+    loss = json.loads((full_run / "summary.json").read_text())["loss"]
+    assert loss["final"] < 0.8 * loss["first"], loss
+    assert loss["nonfinite_steps"] == 0
+
+
+def test_tensorboard_events_hold_the_perf_scalars(full_run: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = sorted((full_run / "tb").rglob("events.out.tfevents.*"))
+    assert files, "no TensorBoard event file"
+    tags: set[str] = set()
+    for f in files:
+        acc = EventAccumulator(str(f))
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    for tag in ("perf/step_time_s", "perf/data_wait_s", "perf/h2d_s", "perf/compute_s", "perf/samples_per_s",
+                "perf/cpu_main_pct", "ceiling/step_time_s", "train/loss", "val/minFDE"):
+        assert tag in tags, f"{tag} missing from {sorted(tags)}"
+    acc = EventAccumulator(str(next(f for f in files if "perf/step_time_s" in _tags(f))))
+    acc.Reload()
+    assert len(acc.Scalars("perf/step_time_s")) == 40  # one point per training step
+
+
+def _tags(path: Path) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(path))
+    acc.Reload()
+    return set(acc.Tags()["scalars"])
+
+
+@pytest.mark.parametrize("preset", ["none", "cpu", "torch", "max"])
+def test_every_accel_preset_runs(preset: str, drivebench_cache: Path, tmp_path: Path):
+    proc = run_cli([*TINY, f"accel={preset}", "trainer.max_steps=3", "bench.warmup_steps=1", *FAST,
+                    f"hydra.run.dir={tmp_path}"], drivebench_cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["run"]["accel"] == preset and s["train"]["steps_measured"] == 2
+
+
+# ---- knobs that only move work around must not change what the model learns -------------------
+class _Recorder(pl.Callback):
+    def __init__(self) -> None:
+        self.steps: list[tuple[list[str], float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.steps.append((list(batch["scenario_id"]), float(outputs["loss"])))
+
+
+def _train(cache: Path, tmp: Path, overrides: list[str], steps: int = 6) -> list[tuple[list[str], float]]:
+    import os
+
+    os.environ["DRIVEBENCH_CACHE"] = str(cache)
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*TINY, "ckpt=none", f"paths.output_dir={tmp}", *overrides])
+    run = build_run(cfg, tmp, progress=False)
+    recorder = _Recorder()
+    trainer = pl.Trainer(**run.trainer_kwargs(), max_steps=steps, logger=False, callbacks=[recorder],
+                         enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0)
+    trainer.fit(run.module, datamodule=run.datamodule)
+    return recorder.steps
+
+
+@pytest.fixture(scope="module")
+def baseline(drivebench_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[list[str], float]]:
+    torch.set_num_threads(1)
+    return _train(drivebench_cache, tmp_path_factory.mktemp("base"), ["accel=none"])
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        ["accel.num_workers=2"],
+        ["accel.num_workers=2", "accel.persistent_workers=true", "accel.prefetch_factor=3"],
+        ["accel.preprocess_workers=2"],
+        ["accel.shm_cache=true"],
+        ["accel=cpu"],
+        ["accel=max", "accel.precision=32-true"],  # every loader/scheduling knob of max, fp32
+    ],
+    ids=["workers", "workers+persistent+prefetch", "process-pool", "shm-cache", "cpu-preset", "max-loaders"],
+)
+def test_loader_and_scheduling_knobs_change_nothing(knobs, baseline, drivebench_cache: Path, tmp_path: Path):
+    got = _train(drivebench_cache, tmp_path, ["accel=none", *knobs])
+    assert [ids for ids, _ in got] == [ids for ids, _ in baseline], "sample order changed"
+    assert [loss for _, loss in got] == [loss for _, loss in baseline], "losses changed"
+
+
+def test_bf16_stays_within_tolerance(baseline, drivebench_cache: Path, tmp_path: Path):
+    """bf16 autocast changes the arithmetic; on these first steps losses stay within 2% (relative)."""
+    got = _train(drivebench_cache, tmp_path, ["accel=none", "accel.precision=bf16-mixed"])
+    assert [ids for ids, _ in got] == [ids for ids, _ in baseline]
+    for (_, a), (_, b) in zip(got, baseline):
+        assert a == pytest.approx(b, rel=0.02)
+
+
+# ---- bad input stops before any work, naming the key ---------------------------------------
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model=nosuchmodel"], "Could not find 'model/nosuchmodel'"),
+        (["model.size=huge"], "model.size='huge' is not a size of model 'qcnet'; valid choices: paper, tiny"),
+        (["accel.num_workers=-1"], "accel.num_workers=-1 is not valid"),
+        (["data.root=/nonexistent/av2"], "data.root=/nonexistent/av2 does not exist"),
+        (["data.size=huge"], "data.size='huge' is not valid; choose one of"),
+        (["model.batch_size=0"], "model.batch_size=0 is not valid"),
+        (["ckpt=remote"], "ckpt=remote needs a destination: ckpt.dir="),
+    ],
+)
+def test_bad_values_give_one_clear_line(overrides, message, drivebench_cache: Path, tmp_path: Path):
+    proc = run_cli([*TINY, *overrides, f"hydra.run.dir={tmp_path}"], drivebench_cache)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_root_in_the_wrong_format_is_named(drivebench_cache: Path, tmp_path: Path):
+    wrong = tmp_path / "not-av2"
+    (wrong / "train").mkdir(parents=True)
+    (wrong / "train" / "readme.txt").write_text("not a scenario")
+    proc = run_cli([*TINY, f"data.root={wrong}", f"hydra.run.dir={tmp_path / 'run'}"], drivebench_cache)
+    assert proc.returncode == 2
+    assert "does not look like Argoverse 2 motion forecasting" in proc.stderr
