@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,8 +139,19 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     return run
 
 
+def quiet_third_party_noise() -> None:
+    """Silence messages about choices drivebench makes on purpose (batch hooks on the module,
+    not the datamodule) and Lightning's banners; our summary says what ran where."""
+    warnings.filterwarnings("ignore", message=r".*overridden `\w+` in `LightningModule` but have passed in a")
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    warnings.filterwarnings("ignore", message=r".*smaller than the logging interval")
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def main(cfg: DictConfig) -> dict[str, Any]:
     """Build the run, execute the configured benchmark, return its summary."""
+    quiet_third_party_noise()
     from hydra.core.hydra_config import HydraConfig
 
     output_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(cfg.paths.output_dir)

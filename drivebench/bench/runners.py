@@ -236,8 +236,9 @@ class TrainBench:
                 from drivebench.lit.base import move_to
 
                 batch = move_to(batch, device)
-                if module.device_transform is not None:
-                    batch = module.device_transform(batch)
+            if module.device_transform is not None:  # part of the pipeline, wherever it runs
+                batch = module.device_transform(batch)
+            if device is not None:
                 torch.cuda.synchronize()
             t_now = time.perf_counter()
             if i >= warm:
@@ -251,6 +252,7 @@ class TrainBench:
             "batch_s": describe(times),
             "samples_per_s": sum(sizes) / total if total > 0 else math.nan,
             "includes_device_transfer": device is not None,
+            "includes_device_transform": module.device_transform is not None,
         }
 
     # ---- summary head ------------------------------------------------------------------------
