@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from drivebench.accel.compile import compile_report
 from drivebench.app import Run, build
 from drivebench.ckpt.resume import find_resume_checkpoint, readable_checkpoint
+from drivebench.ckpt.state import ResumeState
 from drivebench.dist import gather_objects
 from drivebench.errors import ConfigError
 from drivebench.secrets import redact, redact_argv
@@ -128,8 +129,7 @@ class TrainBench:
         timer = StepTimer("perf", self.warmup_steps, self.sync_each_step, self.log_every_n_steps, monitor)
         callbacks: list[pl.Callback] = [timer]
         ckpt = build(cfg.ckpt.callback, _convert_="all") if cfg.ckpt.get("callback") else None
-        if ckpt is not None:
-            callbacks.append(ckpt)
+        callbacks.append(ckpt if ckpt is not None else ResumeState())  # RNG + data position, also for ckpt=none
         resume_from = find_resume_checkpoint(cfg, ckpt.store if ckpt is not None else None)
         summary["run"]["resumed_from"] = resume_from
         max_steps = cfg.trainer.max_steps

@@ -2,15 +2,15 @@
 what a save costs.
 
 A save snapshots the Lightning checkpoint (model, optimizer, scheduler, loops, callbacks) plus
-drivebench's own state: RNG states of every generator and the data position (epoch, batches done),
-so that ``resume`` continues the same sample stream and the same dropout masks.
+drivebench's own state (:mod:`drivebench.ckpt.state`: RNG states and the data position), so that
+``resume`` continues the same sample stream and the same dropout masks.
 
 * synchronous (``ckpt=local``/``remote``): serialise and write on the training thread; the whole
   write is blocking time.
-* asynchronous (``ckpt=async``): copy every tensor off the device into reused page-locked host
-  buffers (no second copy on the device), then serialise and write on a background thread; only
-  the copy (and waiting for a previous write still in flight) blocks. A failed background write is
-  raised at the next save or at the end of training.
+* asynchronous (``ckpt=async``): copy every tensor off the training state (device tensors into
+  reused page-locked host buffers, no second copy on the device), then serialise and write on a
+  background thread; only the copy (and waiting for a previous write still in flight) blocks. A
+  failed background write is raised at the next save or at the end of training.
 
 Only global rank 0 writes (DDP replicas hold the same state).
 """
@@ -19,43 +19,30 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import signal
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 
-from drivebench.ckpt.store import CheckpointStore, WriteResult, checkpoint_name
+from drivebench.ckpt.state import ResumeState
+from drivebench.ckpt.store import CheckpointStore, checkpoint_name
 from drivebench.errors import ConfigError
 from drivebench.perf.spans import SPANS
 from drivebench.perf.stats import describe
+from drivebench.secrets import install_log_redaction, secret_values
 
 log = logging.getLogger(__name__)
-STATE_KEY = "drivebench"
 FAULT_ENV = "DRIVEBENCH_FAULT_KILL_DURING_CKPT_STEP"  # test hook: SIGKILL half-way through this step's write
 
 
-def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-class _HostStager:
-    """Copies a nested checkpoint's device tensors into page-locked host buffers reused across saves."""
+class HostStager:
+    """Copies a nested checkpoint's tensors off the training state: device tensors into page-locked
+    host buffers reused across saves (no second copy on the device, asynchronous copies), host
+    tensors into fresh copies. Either way the background writer never sees a tensor that training
+    keeps updating in place."""
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
@@ -63,22 +50,26 @@ class _HostStager:
     def stage(self, obj: Any, path: str = "") -> Any:
         if isinstance(obj, torch.Tensor):
             if obj.device.type == "cpu":
-                return obj.clone()
+                return obj.detach().clone()
             buf = self._buffers.get(path)
             if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
                 buf = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True)
                 self._buffers[path] = buf
-            buf.copy_(obj, non_blocking=True)
+            buf.copy_(obj.detach(), non_blocking=True)
             return buf
         if isinstance(obj, dict):
             return {k: self.stage(v, f"{path}/{k}") for k, v in obj.items()}
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple takes fields, not one iterable
+            return type(obj)(*(self.stage(v, f"{path}/{i}") for i, v in enumerate(obj)))
         if isinstance(obj, (list, tuple)):
             return type(obj)(self.stage(v, f"{path}/{i}") for i, v in enumerate(obj))
         return obj
 
 
-class Checkpointing(pl.Callback):
-    """Args:
+class Checkpointing(ResumeState):
+    """Saves checkpoints (and, as a :class:`ResumeState`, carries RNG and data position in them).
+
+    Args:
         dir: directory or fsspec URL (see :class:`CheckpointStore`).
         every_n_steps / every_n_minutes: save triggers (either, both or neither).
         save_last: save when training ends.
@@ -86,11 +77,13 @@ class Checkpointing(pl.Callback):
             complete; 0 keeps all).
         async_write: write off the training thread (``ckpt=async``).
         storage_options: fsspec credentials/options (never recorded).
+        clock: seconds for ``every_n_minutes`` (a monotonic clock; tests pass their own).
     """
 
     def __init__(self, dir: str, every_n_steps: int | None = None, every_n_minutes: float | None = None,
                  save_last: bool = True, keep_last_k: int = 2, async_write: bool = False,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
         if every_n_steps is not None and (isinstance(every_n_steps, bool) or every_n_steps < 1):
             raise ConfigError(f"ckpt.every_n_steps={every_n_steps} is not valid; use a whole number >= 1 or null")
         if every_n_minutes is not None and every_n_minutes <= 0:
@@ -98,18 +91,20 @@ class Checkpointing(pl.Callback):
         if keep_last_k < 0:
             raise ConfigError(f"ckpt.keep_last_k={keep_last_k} is not valid; use a whole number >= 0 (0 keeps all)")
         self.store = CheckpointStore(dir, storage_options)
+        install_log_redaction(secret_values(storage_options or {}))  # a library may quote them in a log line
         self.every_n_steps = every_n_steps
         self.every_n_minutes = every_n_minutes
         self.save_last = save_last
         self.keep_last_k = keep_last_k
         self.async_write = async_write
-        self.saves: list[dict[str, Any]] = []
+        self.saves: list[dict[str, Any]] = []  # completed writes, in order
+        self._logged = 0
         self._executor: ThreadPoolExecutor | None = None
         self._future: Future | None = None
-        self._stager = _HostStager()
-        self._last_save_time = time.monotonic()
+        self._stager = HostStager()
+        self.clock = clock
+        self._last_save_time = clock()
         self._last_saved_step = -1
-        self._data_position: tuple[int, int] = (0, 0)
         self._fault_step = int(os.environ[FAULT_ENV]) if os.environ.get(FAULT_ENV) else None
 
     # ---- setup: preflight --------------------------------------------------------------------
@@ -124,18 +119,23 @@ class Checkpointing(pl.Callback):
             self.store.prepare(needed)
 
     # ---- triggers ----------------------------------------------------------------------------
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last_save_time = self.clock()  # every_n_minutes counts training time, not set-up
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        self._data_position = (trainer.current_epoch, batch_idx + 1)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # the data position
+        self._log_completed(trainer)  # async writes that finished since the last step
+        done = batch_idx + 1
+        per_epoch = trainer.num_training_batches
+        if done % trainer.accumulate_grad_batches and not (isinstance(per_epoch, int) and done >= per_epoch):
+            return  # mid-accumulation: the gradients summed so far would not be in the checkpoint
         step = trainer.global_step
         due = bool(self.every_n_steps and step % self.every_n_steps == 0)
-        if self.every_n_minutes and time.monotonic() - self._last_save_time >= 60 * self.every_n_minutes:
+        if self.every_n_minutes and self.clock() - self._last_save_time >= 60 * self.every_n_minutes:
             due = True
         if due and step != self._last_saved_step:
             self.save(trainer)
-
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._data_position = (trainer.current_epoch + 1, 0)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         try:
@@ -143,6 +143,7 @@ class Checkpointing(pl.Callback):
                 self.save(trainer)
         finally:
             self.finish()
+        self._log_completed(trainer)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # let a write in flight complete so the newest checkpoint on disk is the newest possible
@@ -152,29 +153,18 @@ class Checkpointing(pl.Callback):
             except Exception:
                 pass
 
-    # ---- state carried inside the checkpoint -------------------------------------------------
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
-        checkpoint[STATE_KEY] = {"rng": rng_state(), "data_position": self._data_position,
-                                 "global_step": trainer.global_step}
-
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get(STATE_KEY)
-        if not state:
-            return
-        set_rng_state(state["rng"])
-        epoch, done = state["data_position"]
-        datamodule = trainer.datamodule
-        if datamodule is not None and hasattr(datamodule, "resume_at"):
-            datamodule.resume_at(epoch, done)
-        self._last_saved_step = state.get("global_step", -1)
+        super().on_load_checkpoint(trainer, pl_module, checkpoint)
+        self._last_saved_step = int(checkpoint.get("global_step", -1))  # already on disk: no save_last
 
     # ---- saving ------------------------------------------------------------------------------
     def save(self, trainer: pl.Trainer) -> None:
+        """Checkpoint the training state now. Blocking time: everything until training may go on
+        (sync: the whole write; async: waiting for the previous write, then the copy to the host)."""
         step = trainer.global_step
         self._last_saved_step = step
-        self._last_save_time = time.monotonic()
+        self._last_save_time = self.clock()
         if not trainer.is_global_zero:
             return
         name = checkpoint_name(step)
@@ -186,40 +176,31 @@ class Checkpointing(pl.Callback):
             if self.async_write:
                 staged = self._stager.stage(checkpoint)
                 if torch.cuda.is_available():
-                    torch.cuda.synchronize()
+                    torch.cuda.synchronize()  # the copies into pinned buffers are asynchronous
                 if self._executor is None:
                     self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drivebench-ckpt")
-                submitted = time.perf_counter()
-                blocking_so_far = submitted - t0
-                self._future = self._executor.submit(self._write, name, staged, step, submitted, blocking_so_far,
-                                                     fault)
-                record = None
+                blocking = time.perf_counter() - t0
+                self._future = self._executor.submit(self._write, name, staged, step, blocking, fault)
             else:
-                result = self.store.write(name, checkpoint, fault)
-                record = self._record(step, result)
-        blocking = time.perf_counter() - t0
-        if record is not None:
-            record["blocking_s"] = blocking
-            self._prune()
-        self._log(trainer, blocking, record)
+                self._write(name, checkpoint, step, None, fault)
+        if not self.async_write:
+            self.saves[-1]["blocking_s"] = time.perf_counter() - t0
+        self._log_completed(trainer)
 
-    def _write(self, name: str, staged: dict[str, Any], step: int, submitted: float, blocking: float,
+    def _write(self, name: str, checkpoint: dict[str, Any], step: int, blocking: float | None,
                fault: Any) -> dict[str, Any]:
-        result = self.store.write(name, staged, fault)
-        record = self._record(step, result)
-        record["blocking_s"] = blocking
-        record["write_s"] = time.perf_counter() - submitted
-        self._prune()
-        return record
-
-    def _record(self, step: int, result: WriteResult) -> dict[str, Any]:
-        record = {"step": step, "path": result.path, "bytes": result.bytes, "write_s": result.write_s,
+        """Write, record, prune (on the background thread in async mode)."""
+        result = self.store.write(name, checkpoint, fault)
+        record = {"step": step, "path": result.path, "bytes": result.bytes, "blocking_s": blocking,
+                  "write_s": result.write_s,
                   "mb_per_s": result.bytes / 2**20 / result.write_s if result.write_s > 0 else None,
                   "async": self.async_write}
         self.saves.append(record)
+        self._prune()
         return record
 
     def _prune(self) -> None:
+        """Delete all but the newest ``keep_last_k`` complete checkpoints (only after a new one is complete)."""
         if not self.keep_last_k:
             return
         steps = self.store.list_steps()
@@ -245,20 +226,19 @@ class Checkpointing(pl.Callback):
         log.warning("fault injection: killing this process half-way through writing %s", partial_path)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    def _log(self, trainer: pl.Trainer, blocking: float, record: dict[str, Any] | None) -> None:
+    def _log_completed(self, trainer: pl.Trainer) -> None:
+        """Log every completed save not logged yet, at the step it was taken (an async write
+        completes later, so its figures are logged at a later hook, under its own step)."""
         if trainer.logger is None or not trainer.is_global_zero:
             return
-        metrics = {"perf/ckpt_blocking_s": blocking}
-        if record is not None:
-            metrics["perf/ckpt_write_s"] = record["write_s"]
+        done = self.saves[self._logged:]
+        self._logged += len(done)
+        for record in done:
+            metrics = {"perf/ckpt_blocking_s": record["blocking_s"], "perf/ckpt_write_s": record["write_s"],
+                       "perf/ckpt_mb": record["bytes"] / 2**20}
             if record["mb_per_s"]:
                 metrics["perf/ckpt_mb_per_s"] = record["mb_per_s"]
-        elif self.saves:  # async: the last completed background write
-            last = self.saves[-1]
-            metrics["perf/ckpt_write_s"] = last["write_s"]
-            if last["mb_per_s"]:
-                metrics["perf/ckpt_mb_per_s"] = last["mb_per_s"]
-        trainer.logger.log_metrics(metrics, step=trainer.global_step)
+            trainer.logger.log_metrics(metrics, step=record["step"])
 
     # ---- summary -----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -269,6 +249,9 @@ class Checkpointing(pl.Callback):
             "saves": len(self.saves),
             "blocking_s": describe(s["blocking_s"] for s in self.saves if s.get("blocking_s") is not None),
             "write_s": describe(s["write_s"] for s in self.saves),
+            "every_n_steps": self.every_n_steps,
+            "every_n_minutes": self.every_n_minutes,
+            "keep_last_k": self.keep_last_k,
             "bytes": self.saves[-1]["bytes"] if self.saves else None,
             "mb_per_s": describe(s["mb_per_s"] for s in self.saves if s["mb_per_s"]),
             "each": self.saves,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import io
+import logging
 import os
 import re
 import time
@@ -22,7 +23,9 @@ from urllib.parse import urlparse
 import torch
 
 from drivebench.errors import ConfigError
+from drivebench.secrets import redact_text, redact_url, secret_values
 
+log = logging.getLogger(__name__)
 _STEP = re.compile(r"^step-(\d+)\.ckpt$")
 
 
@@ -54,7 +57,9 @@ class CheckpointStore:
 
     def __init__(self, dir: str, storage_options: dict[str, Any] | None = None) -> None:
         parsed = urlparse(str(dir))
-        self.url = str(dir)
+        self.url = redact_url(str(dir))  # what messages and the summary show
+        self._secrets = secret_values(storage_options or {})
+        self._options = dict(storage_options or {})
         self.protocol = parsed.scheme if len(parsed.scheme) > 1 else "file"  # "C:\" is not a scheme
         self.local = self.protocol == "file"
         self.path = Path(parsed.path if parsed.scheme == "file" else str(dir)) if self.local else None
@@ -65,9 +70,10 @@ class CheckpointStore:
 
             try:
                 self._fs, self._root = fsspec.core.url_to_fs(str(dir), **(storage_options or {}))
-            except (ImportError, ValueError) as err:
-                raise ConfigError(f"ckpt.dir={dir}: no filesystem for protocol {self.protocol!r} ({err}); install "
-                                  "its fsspec backend (e.g. s3fs, gcsfs) or use a local directory") from err
+            except (ImportError, ValueError, TypeError) as err:
+                raise ConfigError(self._clean(
+                    f"ckpt.dir={self.url}: no filesystem for protocol {self.protocol!r} ({err}); install its fsspec "
+                    "backend (e.g. s3fs, gcsfs) or use a local directory")) from err
 
     # ---- preflight ---------------------------------------------------------------------------
     def prepare(self, needed_bytes: int | None = None) -> None:
@@ -97,8 +103,9 @@ class CheckpointStore:
                 self._fs.pipe(probe, b"ok")
                 self._fs.rm(probe)
             except Exception as err:  # fsspec backends raise many kinds
-                raise ConfigError(f"ckpt.dir={self.url} is not writable ({type(err).__name__}: {err}); check the URL "
-                                  "and ckpt.storage_options") from err
+                raise ConfigError(self._clean(
+                    f"ckpt.dir={self.url} is not writable ({type(err).__name__}: {err}); check the URL and "
+                    "ckpt.storage_options")) from err
 
     # ---- write / list / read -----------------------------------------------------------------
     def write(self, name: str, checkpoint: dict[str, Any],
@@ -106,44 +113,63 @@ class CheckpointStore:
         """Serialise ``checkpoint`` to ``name`` atomically; raise CheckpointWriteError on failure."""
         t0 = time.perf_counter()
         if self.local:
-            assert self.path is not None
-            final = self.path / name
-            tmp = self.path / f".{name}.partial"
-            try:
-                with open(tmp, "wb") as fh:
-                    if fault is None:
-                        torch.save(checkpoint, fh)
-                    else:  # fault injection for the crash-safety tests: write half, then call back
-                        buf = io.BytesIO()
-                        torch.save(checkpoint, buf)
-                        data = buf.getvalue()
-                        fh.write(data[: len(data) // 2])
-                        fh.flush()
-                        fault(str(tmp), len(data))
-                        fh.write(data[len(data) // 2:])
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, final)
-                _fsync_dir(self.path)
-            except OSError as err:
-                tmp.unlink(missing_ok=True)
-                hint = ("the disk is full" if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
-                        else err.strerror or str(err))
-                raise CheckpointWriteError(
-                    f"writing checkpoint {final} failed: {hint}; the previous checkpoint is intact. Free space in "
-                    "ckpt.dir or point ckpt.dir elsewhere, then continue with resume=auto"
-                ) from err
-            return WriteResult(str(final), final.stat().st_size, time.perf_counter() - t0)
+            return self._write_local(name, checkpoint, fault, t0)
         buf = io.BytesIO()
         torch.save(checkpoint, buf)
         target = f"{self._root.rstrip('/')}/{name}"
         try:
             self._fs.pipe(target, buf.getvalue())
-        except Exception as err:
-            raise CheckpointWriteError(f"writing checkpoint {self.protocol}://{target} failed "
-                                       f"({type(err).__name__}: {err}); the previous checkpoint is intact") from err
-        return WriteResult(f"{self.protocol}://{target}" if "://" not in target else target, buf.tell(),
-                           time.perf_counter() - t0)
+        except Exception as err:  # fsspec backends raise many kinds
+            raise CheckpointWriteError(self._clean(
+                f"writing checkpoint {self._url(target)} failed ({type(err).__name__}: {err}); the previous "
+                "checkpoint is intact. Check the storage (space, quota, credentials) or point ckpt.dir elsewhere, "
+                "then continue with resume=auto")) from err
+        return WriteResult(self._url(target), buf.tell(), time.perf_counter() - t0)
+
+    def _write_local(self, name: str, checkpoint: dict[str, Any], fault: Callable[[str, int], None] | None,
+                     t0: float) -> WriteResult:
+        assert self.path is not None
+        final = self.path / name
+        tmp = self.path / f".{name}.partial"
+        done = False
+        try:
+            with open(tmp, "wb") as fh:
+                out = _GuardedFile(fh)
+                try:
+                    if fault is None:
+                        torch.save(checkpoint, out)
+                    else:  # fault injection for the crash-safety tests: write half, then call back
+                        buf = io.BytesIO()
+                        torch.save(checkpoint, buf)
+                        data = buf.getvalue()
+                        out.write(data[: len(data) // 2])
+                        fh.flush()
+                        fault(str(tmp), len(data))
+                        out.write(data[len(data) // 2:])
+                except RuntimeError as err:
+                    # torch.save wraps the file's OSError (ENOSPC, EFBIG) in a RuntimeError: unwrap it
+                    if out.error is None:
+                        raise
+                    raise out.error from err
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+            done = True
+        except OSError as err:
+            hint = ("the disk is full (or a file-size limit was reached)"
+                    if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else err.strerror or str(err))
+            raise CheckpointWriteError(
+                f"writing checkpoint {final} failed: {hint}; the previous checkpoint is intact. Free space in "
+                "ckpt.dir or point ckpt.dir elsewhere, then continue with resume=auto"
+            ) from err
+        finally:
+            if not done:
+                try:
+                    tmp.unlink(missing_ok=True)
+                except OSError:
+                    pass
+        _fsync_dir(self.path)  # makes the rename durable; best effort (some filesystems refuse)
+        return WriteResult(str(final), final.stat().st_size, time.perf_counter() - t0)
 
     def list_steps(self) -> list[tuple[int, str]]:
         """Complete checkpoints as (step, full path or URL), oldest first."""
@@ -166,17 +192,45 @@ class CheckpointStore:
         else:
             self._fs.rm(self._strip(path))
 
+    def load(self, path: str) -> dict[str, Any]:
+        """Read a checkpoint the way Lightning's resume does (``weights_only=True``), onto the CPU."""
+        if self.local:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        with self._fs.open(self._strip(path), "rb") as fh:
+            return torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=True)
+
     def loadable(self, path: str) -> bool:
-        """True if the file deserialises (guards against corruption the atomic write cannot see)."""
+        """True if the file deserialises as Lightning will read it (guards against corruption the
+        atomic write cannot see, and against content a ``weights_only`` load refuses)."""
         try:
-            if self.local:
-                torch.load(path, map_location="cpu", weights_only=False)
-            else:
-                with self._fs.open(self._strip(path), "rb") as fh:
-                    torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=False)
+            self.load(path)
             return True
+        except Exception as err:
+            log.warning("checkpoint %s does not load (%s: %s)", path, type(err).__name__, self._clean(str(err))[:200])
+            return False
+
+    def download(self, path: str, dest: Path) -> Path:
+        """Copy the checkpoint at ``path`` (in this store) to the local file ``dest``."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._fs.get_file(self._strip(path), str(dest))
+        except Exception as err:
+            raise ConfigError(self._clean(f"resume={path} could not be read ({type(err).__name__}: {err}); check the "
+                                          "URL and ckpt.storage_options")) from err
+        return dest
+
+    def exists(self, path: str) -> bool:
+        if self.local:
+            return Path(path).is_file()
+        try:
+            return bool(self._fs.isfile(self._strip(path)))
         except Exception:
             return False
+
+    def same_filesystem(self, path: str) -> bool:
+        """True if ``path`` is a URL of this store's protocol (so its storage options apply)."""
+        scheme = urlparse(str(path)).scheme
+        return (scheme if len(scheme) > 1 else "file") == self.protocol
 
     def latest_complete(self) -> str | None:
         """Newest checkpoint that loads; skips (and names) any that do not."""
@@ -200,6 +254,28 @@ class CheckpointStore:
 
     def _strip(self, path: str) -> str:
         return path.split("://", 1)[1] if "://" in path else path
+
+    def _clean(self, text: str) -> str:
+        return redact_text(text, self._secrets)
+
+
+class _GuardedFile:
+    """A file wrapper for ``torch.save`` that remembers the OSError it raised: torch re-raises write
+    failures as a RuntimeError, and the errno (disk full, file too large) is what the user needs."""
+
+    def __init__(self, fh: Any) -> None:
+        self._fh = fh
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._fh.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self._fh.flush()
 
 
 def _fsync_dir(path: Path) -> None:

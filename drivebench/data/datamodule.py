@@ -175,6 +175,9 @@ class DriveDataModule(pl.LightningDataModule):
             batch_sampler=sampler,
             collate_fn=self.collate_fn,
             worker_init_fn=_seed_worker,
+            # its own generator: starting an iterator draws a worker base seed, which must not come
+            # from the global RNG (a resumed run restores that state, then starts a new iterator)
+            generator=torch.Generator().manual_seed(self.seed),
             **self.accel.loader_kwargs(),
         )
 
