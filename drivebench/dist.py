@@ -47,9 +47,11 @@ _RANK_HYDRA_OVERRIDES = ("hydra.searchpath", "hydra.job.chdir")
 
 # Fault injection (tests; rehearsing failure handling on a real machine): the global rank named by
 # DRIVEBENCH_FAULT_EXIT_RANK leaves abruptly (os._exit, no cleanup, exit code 13) after training
-# step DRIVEBENCH_FAULT_EXIT_STEP (default 2), as a rank killed by the OOM killer would.
+# step DRIVEBENCH_FAULT_EXIT_STEP (default 2), as a rank killed by the OOM killer would; with
+# DRIVEBENCH_FAULT_HANG=1 it stops responding instead (sleeps), as a stuck rank would.
 FAULT_EXIT_RANK_ENV = "DRIVEBENCH_FAULT_EXIT_RANK"
 FAULT_EXIT_STEP_ENV = "DRIVEBENCH_FAULT_EXIT_STEP"
+FAULT_HANG_ENV = "DRIVEBENCH_FAULT_HANG"
 FAULT_EXIT_CODE = 13
 
 
@@ -233,7 +235,7 @@ class RankWatch(threading.Thread):
             if message is None:
                 continue
             self.failed = message
-            print(message, file=sys.stderr, flush=True)
+            print(f"{message}; stopping the other ranks", file=sys.stderr, flush=True)
             kill_ranks(self.procs)
             time.sleep(self.grace_s)  # the main thread usually fails first, naming the rank itself
             sys.stderr.flush()
@@ -242,6 +244,10 @@ class RankWatch(threading.Thread):
 
 def _watch_rank_processes(child_processes: list[subprocess.Popen]) -> None:
     RankWatch(child_processes).start()
+
+
+def _global_rank(local_rank: int, procs_on_node: int) -> int:
+    return int(os.environ.get("NODE_RANK", "0") or 0) * procs_on_node + local_rank
 
 
 _KILLED: set[int] = set()  # rank processes this process killed: they did not fail on their own
@@ -259,9 +265,9 @@ def dead_rank_message(procs: list[subprocess.Popen], wait_s: float = 0.0) -> str
             if code in (None, 0) or proc.pid in _KILLED:
                 continue
             how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            rank = int(os.environ.get("NODE_RANK", "0") or 0) * (len(procs) + 1) + local_rank
-            return (f"drivebench: error: rank {rank} (pid {proc.pid}) {how} during the run; the other ranks were "
-                    f"stopped (its own error, if it printed one, is above)")
+            rank = _global_rank(local_rank, len(procs) + 1)
+            return (f"drivebench: error: rank {rank} (pid {proc.pid}) {how} during the run (its own error, if it "
+                    f"printed one, is above)")
         if time.monotonic() >= deadline or all(proc.poll() is not None for proc in procs):
             return None
         time.sleep(0.1)
@@ -275,11 +281,12 @@ def kill_ranks(procs: list[subprocess.Popen]) -> None:
 
 
 class ExitRankAtStep:
-    """Fault injection: rank ``rank`` leaves abruptly after training step ``step`` (see FAULT_EXIT_*)."""
+    """Fault injection: rank ``rank`` leaves (or hangs) after training step ``step`` (see FAULT_*)."""
 
-    def __init__(self, rank: int, step: int) -> None:
+    def __init__(self, rank: int, step: int, hang: bool = False) -> None:
         self.rank = rank
         self.step = step
+        self.hang = hang
 
     def callback(self) -> Any:
         from lightning.pytorch import Callback
@@ -289,8 +296,11 @@ class ExitRankAtStep:
         class _ExitRankAtStep(Callback):
             def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
                 if trainer.global_rank == fault.rank and trainer.global_step >= fault.step:
-                    print(f"drivebench: fault injection: rank {fault.rank} exits abruptly after step "
-                          f"{trainer.global_step}", file=sys.stderr, flush=True)
+                    what = "stops responding" if fault.hang else "exits abruptly"
+                    print(f"drivebench: fault injection: rank {fault.rank} {what} after step {trainer.global_step}",
+                          file=sys.stderr, flush=True)
+                    while fault.hang:
+                        time.sleep(60)
                     os._exit(FAULT_EXIT_CODE)
 
         return _ExitRankAtStep()
@@ -301,7 +311,7 @@ class ExitRankAtStep:
         rank = env.get(FAULT_EXIT_RANK_ENV)
         if not rank:
             return None
-        return cls(int(rank), int(env.get(FAULT_EXIT_STEP_ENV) or 2))
+        return cls(int(rank), int(env.get(FAULT_EXIT_STEP_ENV) or 2), env.get(FAULT_HANG_ENV, "") not in ("", "0"))
 
 
 class RankFailed(RuntimeError):
@@ -339,6 +349,12 @@ class DistJob:
         failed = exc_type is not None and exc_type is not SystemExit
         dead = dead_rank_message(procs, wait_s=3.0) if failed else None
         if failed:
+            running = [(i, p.pid) for i, p in enumerate(procs, start=1) if p.poll() is None]
+            if dead is None and running:  # e.g. a collective timed out: a rank stopped responding
+                names = ", ".join(f"rank {_global_rank(i, len(procs) + 1)} (pid {pid})" for i, pid in running)
+                print(f"drivebench: error: this rank failed while {names} still ran; stopping them. A timeout here "
+                      f"means a rank did not reach the collective within dist.timeout_minutes", file=sys.stderr,
+                      flush=True)
             kill_ranks(procs)  # they may be waiting for this process in a collective
         # every rank leaves the process group first (NCCL teardown waits for its peers), then
         # rank 0 waits for the rank processes it launched

@@ -1,0 +1,262 @@
+"""Real 2-rank DDP runs on the CPU (gloo): Lightning's launcher, torchrun, Hydra multirun, a dead rank.
+
+Each run is a subprocess of ``python -m drivebench`` on MapTR's test size. A probe (a
+``sitecustomize`` on PYTHONPATH, active only with DRIVEBENCH_TEST_PROBE) records in every process,
+rank processes included: the NCCL_* variables at the moment ``init_process_group`` is called, and
+the samples each rank trained on (``sequence_id``, ``frame_idx`` of every batch, per epoch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from drivebench.dist import FAULT_EXIT_CODE
+
+REPO = Path(__file__).resolve().parents[1]
+RUN = ["model=maptr", "model.size=test", "model.batch_size=2", "data.size=mini", "accel=none",
+       "trainer.max_steps=6", "bench.warmup_steps=1", "bench.val_batches=0", "bench.ceiling=false", "ckpt=none",
+       "~logger"]
+DDP = ["dist=ddp", "dist.devices=2"]
+
+PROBE = '''
+import json, os
+
+_OUT = os.environ.get("DRIVEBENCH_TEST_PROBE")
+if _OUT:
+    import lightning.pytorch as _pl
+    import torch.distributed as _dist
+
+    def _write(kind, record):
+        with open(os.path.join(_OUT, f"{kind}-{os.getpid()}-{len(os.listdir(_OUT))}.json"), "w") as f:
+            json.dump(record, f)
+
+    _init = _dist.init_process_group
+
+    def _recording_init(*args, **kwargs):
+        nccl = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+        result = _init(*args, **kwargs)
+        _write("pg", {"rank": _dist.get_rank(), "world_size": _dist.get_world_size(), "nccl_env": nccl})
+        return result
+
+    _dist.init_process_group = _recording_init
+
+    class _SampleRecorder(_pl.Callback):
+        def __init__(self):
+            self.batches = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            ids = list(zip(batch["sequence_id"].tolist(), batch["frame_idx"].tolist()))
+            self.batches.append({"epoch": trainer.current_epoch, "ids": ids})
+
+        def on_train_end(self, trainer, pl_module):
+            _write("samples", {"rank": trainer.global_rank, "world_size": trainer.world_size, "batches": self.batches})
+
+    _trainer_init = _pl.Trainer.__init__
+
+    def _init_with_recorder(self, *args, callbacks=None, **kwargs):
+        _trainer_init(self, *args, callbacks=[*(callbacks or []), _SampleRecorder()], **kwargs)
+
+    _pl.Trainer.__init__ = _init_with_recorder
+
+    if os.environ.get("DRIVEBENCH_TEST_FAKE_GPUS"):  # dist.p2p=auto looks its verdict up by GPU names
+        from drivebench.doctor import nvml as _nvml
+
+        _nvml.visible_gpu_names = lambda: ["NVIDIA H200", "NVIDIA H200"]
+        _nvml.driver_info = lambda: ("570.86.15", "12.8")
+'''
+
+
+class Runner:
+    """Runs drivebench with the probe; every run of this module shares one dataset cache."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.cache = root / "cache"
+        self.site = root / "site"
+        self.site.mkdir()
+        (self.site / "sitecustomize.py").write_text(PROBE)
+
+    def env(self, cwd: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+        probe, scratch = cwd / "probe", cwd / "tmp"
+        probe.mkdir(parents=True, exist_ok=True)
+        scratch.mkdir(exist_ok=True)
+        clean = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "RANK")}
+        return {**clean, "DRIVEBENCH_CACHE": str(self.cache), "DRIVEBENCH_TEST_PROBE": str(probe),
+                "TMPDIR": str(scratch), "PYTHONPATH": os.pathsep.join([str(self.site), str(REPO)]), **(extra or {})}
+
+    def __call__(self, args: list[str], cwd: Path, launcher: list[str] | None = None, timeout: float = 180,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, Path, float]:
+        start = time.monotonic()
+        result = subprocess.run([sys.executable, *(launcher or []), "-m", "drivebench", *args], cwd=cwd,
+                                env=self.env(cwd, env), capture_output=True, text=True, timeout=timeout)
+        return result, cwd / "probe", time.monotonic() - start
+
+
+@pytest.fixture(scope="module")
+def drivebench(tmp_path_factory):
+    return Runner(tmp_path_factory.mktemp("dist"))
+
+
+def records(probe: Path, kind: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(probe.glob(f"{kind}-*.json"))]
+
+
+def summaries(root: Path) -> list[Path]:
+    return sorted(root.rglob("summary.json"))
+
+
+def check_ranks(summary: dict) -> None:
+    """One summary for the run: both ranks' figures, global throughput, the slowest rank."""
+    ranks = summary["ranks"]
+    assert ranks["world_size"] == 2
+    per_rank = ranks["per_rank"]
+    assert [r["rank"] for r in per_rank] == [0, 1]
+    assert all(r["samples"] > 0 and r["wall_s"] > 0 for r in per_rank)
+    expected = sum(r["samples"] for r in per_rank) / max(r["wall_s"] for r in per_rank)
+    assert ranks["global_samples_per_s"] == pytest.approx(expected)
+    assert summary["train"]["global_samples_per_s"] == pytest.approx(expected)
+    assert ranks["global_samples_per_s"] > max(r["samples_per_s"] for r in per_rank)
+    worst = max(per_rank, key=lambda r: (r["data_wait_fraction"], r["step_s_median"]))
+    assert ranks["slowest_rank"] == worst["rank"]
+    assert summary["settings"]["global_batch_size"] == 2 * summary["settings"]["batch_size"]
+
+
+def check_disjoint_samples(probe: Path) -> None:
+    """In every epoch, no sample was trained on by both ranks."""
+    seen = {r["rank"]: r for r in records(probe, "samples")}
+    assert sorted(seen) == [0, 1] and all(r["world_size"] == 2 for r in seen.values())
+    epochs = {b["epoch"] for r in seen.values() for b in r["batches"]}
+    assert epochs
+    for epoch in epochs:
+        per_rank = [[tuple(i) for b in seen[rank]["batches"] if b["epoch"] == epoch for i in b["ids"]]
+                    for rank in (0, 1)]
+        assert per_rank[0] and per_rank[1]
+        for ids in per_rank:
+            assert len(ids) == len(set(ids)), f"a rank saw a sample twice in epoch {epoch}"
+        assert not set(per_rank[0]) & set(per_rank[1]), f"both ranks trained on the same sample in epoch {epoch}"
+
+
+def test_lightning_ddp_one_summary_disjoint_samples_and_p2p_off(drivebench, tmp_path):
+    run_dir = tmp_path / "run"
+    result, probe, _ = drivebench([*RUN, *DDP, "dist.p2p=off", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert summaries(tmp_path) == [run_dir / "summary.json"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    check_ranks(summary)
+    check_disjoint_samples(probe)
+    assert summary["dist"]["p2p"]["applied"] == "off" and summary["dist"]["p2p"]["env"]["NCCL_P2P_DISABLE"] == "1"
+    inits = records(probe, "pg")
+    assert sorted(r["rank"] for r in inits) == [0, 1]  # one process group per rank, set up once
+    assert all(r["nccl_env"].get("NCCL_P2P_DISABLE") == "1" for r in inits)  # before the group started
+    # the rank process ran in this directory without writing its own config or log there
+    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "__main__.log", "summary.json"]
+
+
+def test_torchrun_one_run_dir_under_outputs_root(drivebench, tmp_path):
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    result, probe, _ = drivebench([*RUN, "dist=ddp", "dist.p2p=NVL"], cwd=tmp_path, launcher=launcher)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = summaries(tmp_path)
+    assert len(found) == 1, found
+    run_dir = found[0].parent
+    assert run_dir.parent.parent == tmp_path / "outputs"
+    run_dirs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
+    assert run_dirs == [run_dir], "a rank > 0 made its own run directory"
+    assert not list((tmp_path / "tmp").glob("drivebench-rank*")), "rank scratch directories were left behind"
+    summary = json.loads(found[0].read_text())
+    check_ranks(summary)
+    check_disjoint_samples(probe)
+    assert summary["dist"]["p2p"]["applied"] == "NVL"
+    assert [r["nccl_env"].get("NCCL_P2P_LEVEL") for r in records(probe, "pg")] == ["NVL", "NVL"]
+
+
+def test_multirun_with_ddp_runs_each_job_once(drivebench, tmp_path):
+    # dist.p2p=auto with a doctor verdict cached for (pretend) GPUs: every job applies it
+    from drivebench.doctor.p2p import P2PVerdict, machine_key, write_verdict
+
+    key = machine_key(["NVIDIA H200", "NVIDIA H200"], "570.86.15")  # what the probe's fake NVML reports
+    write_verdict(drivebench.cache, key, P2PVerdict("PIX", "measured by the test"), [])
+    sweep = tmp_path / "sweep"
+    result, probe, _ = drivebench(["-m", *RUN, *DDP, "seed=1,2", "dist.p2p=auto", f"hydra.sweep.dir={sweep}"],
+                                  cwd=tmp_path, timeout=300, env={"DRIVEBENCH_TEST_FAKE_GPUS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert jobs == ["0_maptr_none", "1_maptr_none"]
+    assert summaries(tmp_path) == [sweep / job / "summary.json" for job in jobs]
+    assert not (tmp_path / "outputs").exists() and len(list(tmp_path.rglob("multirun.yaml"))) == 1
+    for job, seed in zip(jobs, (1, 2)):
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        assert summary["run"]["seed"] == seed
+        assert summary["ranks"]["world_size"] == 2 and len(summary["ranks"]["per_rank"]) == 2
+        assert summary["dist"]["p2p"]["applied"] == "PIX" and summary["dist"]["p2p"]["source"] == "doctor cache"
+    inits = records(probe, "pg")  # exactly two ranks per job: no rank started the sweep again
+    assert sorted(r["rank"] for r in inits) == [0, 0, 1, 1]
+    assert all(r["nccl_env"].get("NCCL_P2P_LEVEL") == "PIX" for r in inits)
+
+
+def test_a_dead_rank_stops_the_run_and_is_named(drivebench, tmp_path):
+    run_dir = tmp_path / "run"
+    env = {"DRIVEBENCH_FAULT_EXIT_RANK": "1", "DRIVEBENCH_FAULT_EXIT_STEP": "2"}
+    args = [*RUN, *DDP, "trainer.max_steps=200", "dist.timeout_minutes=0.5", f"hydra.run.dir={run_dir}"]
+    result, _, elapsed = drivebench(args, cwd=tmp_path, env=env, timeout=150)  # hard limit: a hang fails here
+    assert result.returncode != 0
+    assert "fault injection: rank 1 exits abruptly" in result.stderr
+    last = [line for line in result.stderr.splitlines() if line.strip()][-2:]
+    assert any(f"rank 1 (pid " in line and f"exited with code {FAULT_EXIT_CODE}" in line for line in last), last
+    assert not summaries(tmp_path)
+    assert elapsed < 90  # gloo notices the closed connection at once; the timeout (30 s) is the upper bound
+
+
+def test_a_stuck_rank_fails_the_run_at_the_timeout(drivebench, tmp_path):
+    import psutil
+
+    run_dir = tmp_path / "run"
+    env = {"DRIVEBENCH_FAULT_EXIT_RANK": "1", "DRIVEBENCH_FAULT_EXIT_STEP": "2", "DRIVEBENCH_FAULT_HANG": "1"}
+    # the timeout also bounds the rendezvous, so it must exceed a rank's start-up time on this machine
+    timeout_s = 24
+    args = [*RUN, *DDP, "trainer.max_steps=200", f"dist.timeout_minutes={timeout_s / 60}", f"hydra.run.dir={run_dir}"]
+    result, _, elapsed = drivebench(args, cwd=tmp_path, env=env, timeout=150)  # hard limit: a hang fails here
+    assert result.returncode != 0
+    assert "fault injection: rank 1 stops responding" in result.stderr
+    assert "rank 1 (pid " in result.stderr and "dist.timeout_minutes" in result.stderr
+    assert "timeout" in result.stderr.lower()
+    assert not summaries(tmp_path)
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+    assert not left, "the stuck rank outlived the run"
+    assert elapsed < 60 + timeout_s  # start-up, two steps, then the timeout: not more
+
+
+def test_legacy_local_rank_on_a_single_process_run(drivebench, tmp_path):
+    run_dir = tmp_path / "run"
+    result, _, _ = drivebench(["--local_rank=0", *RUN, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"],
+                              cwd=tmp_path, env={"LOCAL_RANK": "0"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["train"]["samples"] > 0 and "ranks" not in summary
+    assert "--local" not in summary["run"]["command"]  # the flag was removed before Hydra parsed argv
+
+
+def test_legacy_local_rank_forms_are_removed_before_hydra(drivebench, tmp_path):
+    forms = [["--local-rank", "0"], ["--local_rank", "0"], ["--local-rank=0"]]
+    env = {k: v for k, v in drivebench.env(tmp_path).items() if k != "DRIVEBENCH_TEST_PROBE"}  # no probe: fast
+    procs = [subprocess.Popen([sys.executable, "-m", "drivebench", *form, *RUN, "--cfg", "job"], cwd=tmp_path,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for form in forms]
+    for form, proc in zip(forms, procs):
+        out, err = proc.communicate(timeout=90)
+        assert proc.returncode == 0, (form, err[-2000:])
+        assert "name: maptr" in out
+
+
+def test_nccl_on_this_cpu_machine_is_a_one_line_error(drivebench, tmp_path):
+    result, _, _ = drivebench([*RUN, *DDP, "dist.backend=nccl", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                              timeout=90)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("drivebench: error: dist.backend=nccl needs GPUs")
+    assert not summaries(tmp_path)
