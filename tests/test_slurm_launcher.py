@@ -114,6 +114,7 @@ def test_one_multirun_dispatches_to_two_kinds_of_machine(tmp_path):
         assert (flags["nodes"], flags["ntasks-per-node"], flags["gpus-per-node"]) == ("2", "1", "1")
         assert flags["time"] == "60" and flags["array"] == "0-1%2"  # the two seeds of this machine
         assert flags["job-name"] == f"drivebench-{machine}-qcnet"
+        assert re.search(r"^srun .*--kill-on-bad-exit=1 .*submitit", (out / script).read_text(), flags=re.M)
     assert not list((tmp_path / "sweep").glob("*/summary.json")) and not (tmp_path / "outputs").exists()
 
 
