@@ -11,12 +11,14 @@ import uuid
 from typing import Any
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from drivebench.app import Run
 from drivebench.ckpt.store import CheckpointStore
 from drivebench.errors import ConfigError
 from drivebench.perf.stats import describe
 from drivebench.perf.summary import SCHEMA_VERSION, write_summary
+from drivebench.secrets import redact_url
 
 
 def _split_dirs(value: Any) -> list[str]:
@@ -50,9 +52,9 @@ class StorageBench:
         else:
             size = int(float(self.size_mb) * 2**20)
         payload = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes()
-        results = []
-        for d in dirs:
-            results.append(self._measure(d, payload))
+        options = run.cfg.ckpt.get("storage_options") or {}
+        options = OmegaConf.to_container(options, resolve=True) if OmegaConf.is_config(options) else dict(options)
+        results = [self._measure(d, payload, options) for d in dirs]
         ok = [r for r in results if r.get("write_mb_per_s")]
         best = max(ok, key=lambda r: r["write_mb_per_s"]["median"]) if ok else None
         summary = {
@@ -68,25 +70,28 @@ class StorageBench:
         print(self.render(summary["storage"]), flush=True)
         return summary
 
-    def _measure(self, directory: str, payload: bytes) -> dict[str, Any]:
-        store = CheckpointStore(directory, None)
+    def _measure(self, directory: str, payload: bytes, options: dict[str, Any]) -> dict[str, Any]:
+        """One candidate's row: timings, or ``error`` (a candidate that fails is reported, not fatal)."""
+        shown = redact_url(directory)
         try:
-            store.prepare()
+            store = CheckpointStore(directory, options)
+            store.prepare(len(payload))
         except ConfigError as err:
-            return {"dir": directory, "error": str(err)}
+            return {"dir": shown, "error": str(err)}
         writes, reads = [], []
         for _ in range(self.repeats):
             name = f".drivebench-storage-probe-{uuid.uuid4().hex}"
             try:
                 writes.append(self._write(store, name, payload))
                 reads.append(self._read(store, name, len(payload)))
-            except OSError as err:
-                return {"dir": directory, "error": f"{type(err).__name__}: {err}", "filesystem": store.describe()}
+            except Exception as err:  # OSError locally; fsspec backends raise many kinds
+                return {"dir": shown, "error": store._clean(f"{type(err).__name__}: {err}"),
+                        "filesystem": store.describe()}
             finally:
                 self._delete(store, name)
         mb = len(payload) / 2**20
         return {
-            "dir": directory,
+            "dir": shown,
             "filesystem": store.describe(),
             "write_s": describe(writes),
             "read_s": describe(reads),
@@ -125,7 +130,7 @@ class StorageBench:
                 (store.path / name).unlink(missing_ok=True)
             else:
                 store._fs.rm(f"{store._root.rstrip('/')}/{name}")
-        except (OSError, FileNotFoundError):
+        except Exception:  # best effort: a probe left behind is a hidden dot-file
             pass
 
     @staticmethod

@@ -156,11 +156,12 @@ class CheckpointStore:
             os.replace(tmp, final)
             done = True
         except OSError as err:
-            hint = ("the disk is full (or a file-size limit was reached)"
-                    if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else err.strerror or str(err))
+            full = err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+            hint = "the disk is full (or a file-size limit was reached)" if full else err.strerror or str(err)
+            fix = "Free space in ckpt.dir" if full else "Check that ckpt.dir exists and is writable"
             raise CheckpointWriteError(
-                f"writing checkpoint {final} failed: {hint}; the previous checkpoint is intact. Free space in "
-                "ckpt.dir or point ckpt.dir elsewhere, then continue with resume=auto"
+                f"writing checkpoint {final} failed: {hint}; the previous checkpoint is intact. {fix} or point "
+                "ckpt.dir elsewhere, then continue with resume=auto"
             ) from err
         finally:
             if not done:

@@ -1,0 +1,226 @@
+"""CheckpointStore (atomic local writes, fsspec URLs, listing, latest_complete), the host stager of
+async saves, the RNG state a checkpoint carries, and ``resume`` resolution."""
+
+from __future__ import annotations
+
+import collections
+import io
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from omegaconf import OmegaConf
+
+from drivebench.ckpt.callback import HostStager
+from drivebench.ckpt.resume import find_resume_checkpoint, readable_checkpoint
+from drivebench.ckpt.state import rng_state, set_rng_state
+from drivebench.ckpt.store import CheckpointStore, CheckpointWriteError, checkpoint_name, step_of
+from drivebench.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def payload(step: int) -> dict:
+    return {"global_step": step, "state_dict": {"w": torch.full((64, 64), float(step))}}
+
+
+def test_local_write_is_atomic_and_listing_ignores_everything_else(tmp_path):
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    store.prepare(needed_bytes=1)
+    result = store.write(checkpoint_name(3), payload(3))
+    assert result.path == str(tmp_path / "ckpt" / "step-00000003.ckpt") and result.bytes > 64 * 64 * 4
+    store.write(checkpoint_name(12), payload(12))
+    (tmp_path / "ckpt" / ".step-00000020.ckpt.partial").write_bytes(b"half")  # a crash's leftover
+    (tmp_path / "ckpt" / "notes.txt").write_text("x")
+    assert [s for s, _ in store.list_steps()] == [3, 12]
+    assert sorted(os.listdir(tmp_path / "ckpt")) == [".step-00000020.ckpt.partial", "notes.txt",
+                                                     "step-00000003.ckpt", "step-00000012.ckpt"]
+    assert store.latest_complete().endswith("step-00000012.ckpt")
+    assert torch.equal(store.load(store.latest_complete())["state_dict"]["w"], payload(12)["state_dict"]["w"])
+
+
+def test_latest_complete_skips_a_corrupt_file_under_a_final_name(tmp_path):
+    store = CheckpointStore(str(tmp_path))
+    store.write(checkpoint_name(5), payload(5))
+    (tmp_path / checkpoint_name(10)).write_bytes(b"\x80garbage")  # e.g. copied in by hand, half-way
+    assert store.latest_complete() == str(tmp_path / checkpoint_name(5))
+
+
+def test_interrupted_write_leaves_no_file_and_the_previous_intact(tmp_path):
+    store = CheckpointStore(str(tmp_path))
+    store.write(checkpoint_name(1), payload(1))
+    seen = {}
+
+    def crash(partial: str, total: int) -> None:
+        seen["partial_size"] = os.path.getsize(partial)
+        seen["total"] = total
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(CheckpointWriteError, match=r"step-00000002\.ckpt failed: the disk is full.*previous "
+                                                   r"checkpoint is intact"):
+        store.write(checkpoint_name(2), payload(2), fault=crash)
+    assert 0 < seen["partial_size"] < seen["total"]  # it really was half-written when it failed
+    assert sorted(os.listdir(tmp_path)) == [checkpoint_name(1)]
+    assert store.load(store.latest_complete())["global_step"] == 1
+
+
+def test_file_size_limit_turns_into_a_clear_error(tmp_path):
+    """torch.save reports EFBIG as a RuntimeError; the store must still say what happened."""
+    script = textwrap.dedent(f"""
+        import resource, signal, torch
+        from drivebench.ckpt.store import CheckpointStore, CheckpointWriteError
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        store = CheckpointStore({str(tmp_path)!r})
+        first = store.write("step-00000001.ckpt", {{"w": torch.zeros(100_000)}})
+        resource.setrlimit(resource.RLIMIT_FSIZE, (first.bytes // 2, resource.RLIM_INFINITY))
+        try:
+            store.write("step-00000002.ckpt", {{"w": torch.ones(100_000)}})
+        except CheckpointWriteError as err:
+            print("ERROR", err)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"ERROR writing checkpoint {tmp_path}/step-00000002.ckpt failed: the disk is full (or a file-size " \
+           "limit was reached); the previous checkpoint is intact" in done.stdout
+    assert sorted(os.listdir(tmp_path)) == ["step-00000001.ckpt"]
+    assert CheckpointStore(str(tmp_path)).loadable(str(tmp_path / "step-00000001.ckpt"))
+
+
+def test_file_url_is_a_local_directory(tmp_path):
+    store = CheckpointStore(f"file://{tmp_path}/ckpt")
+    assert store.local and store.path == tmp_path / "ckpt"
+    store.prepare()
+    store.write(checkpoint_name(1), payload(1))
+    assert store.list_steps() == [(1, str(tmp_path / "ckpt" / checkpoint_name(1)))]
+
+
+def test_memory_url_store_round_trip():
+    url = f"memory://store-{uuid.uuid4().hex[:8]}/run"
+    store = CheckpointStore(url)
+    assert not store.local and store.list_steps() == []  # nothing there yet: not an error
+    store.prepare()
+    for step in (1, 2, 3):
+        assert store.write(checkpoint_name(step), payload(step)).path.endswith(checkpoint_name(step))
+    paths = [p for _, p in store.list_steps()]
+    assert [step_of(p.rsplit("/", 1)[1]) for p in paths] == [1, 2, 3]
+    assert store.exists(paths[0]) and not store.exists(paths[0] + "x")
+    store.delete(paths[0])
+    assert [s for s, _ in store.list_steps()] == [2, 3]
+    assert store.load(store.latest_complete())["global_step"] == 3
+    assert store.describe() == {"path": url, "protocol": "memory", "kind": "fsspec:memory"}
+
+
+def test_unknown_protocol_and_unwritable_dir_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match=r"ckpt\.dir=nosuchfs://x: no filesystem for protocol 'nosuchfs'"):
+        CheckpointStore("nosuchfs://x")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match=r"ckpt\.dir=.*/f/ckpt is not writable"):
+        CheckpointStore(str(tmp_path / "f" / "ckpt")).prepare()
+    with pytest.raises(ConfigError, match=r"has \d+ MiB free but the checkpoints of this run need"):
+        CheckpointStore(str(tmp_path / "ok")).prepare(needed_bytes=2**60)
+
+
+def test_rng_state_survives_a_weights_only_load():
+    state = rng_state()
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    buf = io.BytesIO()
+    torch.save({"rng": state}, buf)
+    buf.seek(0)
+    set_rng_state(torch.load(buf, weights_only=True)["rng"])  # how Lightning reads checkpoints on resume
+    assert torch.equal(torch.rand(3), expected[0])
+    assert np.array_equal(np.random.rand(3), expected[1]) and random.random() == expected[2]
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+def test_stager_copies_host_tensors_and_keeps_structure():
+    weight = torch.arange(6.0)
+    nested = {"state_dict": collections.OrderedDict(w=weight), "opt": [{"m": weight * 2}], "pair": Pair(weight, 3),
+              "rng": (1, (2, 3)), "name": "x"}
+    staged = HostStager().stage(nested)
+    assert staged["name"] == "x" and staged["rng"] == (1, (2, 3)) and isinstance(staged["pair"], Pair)
+    copy = staged["state_dict"]["w"]
+    assert torch.equal(copy, weight) and copy.data_ptr() != weight.data_ptr()
+    weight.add_(100)  # training goes on in place...
+    assert torch.equal(copy, torch.arange(6.0))  # ...the snapshot does not move
+    assert torch.equal(staged["pair"].a, torch.arange(6.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_stager_moves_device_tensors_into_reused_pinned_buffers():
+    stager = HostStager()
+    weight = torch.arange(6.0, device="cuda")
+    first = stager.stage({"w": weight})["w"]
+    torch.cuda.synchronize()
+    assert first.device.type == "cpu" and first.is_pinned() and torch.equal(first, weight.cpu())
+    weight.add_(1)
+    second = stager.stage({"w": weight})["w"]
+    torch.cuda.synchronize()
+    assert second.data_ptr() == first.data_ptr() and torch.equal(second, weight.cpu())
+
+
+# ---- resume resolution -----------------------------------------------------------------------
+def cfg(resume, outputs_root, model="qcnet", size="tiny", data="argoverse2"):
+    return OmegaConf.create({"resume": resume, "paths": {"outputs_root": str(outputs_root)},
+                             "model": {"name": model, "size": size}, "data": {"name": data}})
+
+
+def fake_run(root: Path, name: str, steps: list[int], model: str = "qcnet", mtime: float | None = None) -> Path:
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
+        {"model": {"name": model, "size": "tiny"}, "data": {"name": "argoverse2"}}))
+    store = CheckpointStore(str(run / "checkpoints"))
+    store.prepare()
+    for step in steps:
+        store.write(checkpoint_name(step), payload(step))
+        if mtime is not None:
+            os.utime(run / "checkpoints" / checkpoint_name(step), (mtime + step, mtime + step))
+    return run
+
+
+def test_resume_auto_prefers_ckpt_dir_then_newest_run_of_the_same_workload(tmp_path):
+    outputs = tmp_path / "outputs"
+    fake_run(outputs, "old", [4, 8], mtime=1_000)
+    newest = fake_run(outputs, "new", [2], mtime=2_000)
+    fake_run(outputs, "other-model", [50], model="maptr", mtime=3_000)
+    assert find_resume_checkpoint(cfg("auto", outputs), None) == str(newest / "checkpoints" / checkpoint_name(2))
+
+    own = CheckpointStore(str(tmp_path / "own"))
+    own.prepare()
+    own.write(checkpoint_name(1), payload(1))
+    assert find_resume_checkpoint(cfg("auto", outputs), own) == str(tmp_path / "own" / checkpoint_name(1))
+    assert find_resume_checkpoint(cfg("auto", tmp_path / "nothing"), None) is None  # fresh start
+    assert find_resume_checkpoint(cfg(None, outputs), own) is None
+
+
+def test_resume_explicit_paths_and_urls(tmp_path):
+    with pytest.raises(ConfigError, match=r"resume=.*missing\.ckpt does not exist"):
+        find_resume_checkpoint(cfg(str(tmp_path / "missing.ckpt"), tmp_path), None)
+    with pytest.raises(ConfigError, match=r"resume=memory://.* does not exist"):
+        find_resume_checkpoint(cfg("memory://nowhere/step-00000001.ckpt", tmp_path), None)
+    CheckpointStore(str(tmp_path)).write(checkpoint_name(7), payload(7))
+    local = str(tmp_path / checkpoint_name(7))
+    assert find_resume_checkpoint(cfg(f"file://{local}", tmp_path), None) == local
+
+
+def test_remote_checkpoint_is_read_through_a_temporary_local_copy():
+    url = f"memory://resume-{uuid.uuid4().hex[:8]}/run"
+    store = CheckpointStore(url, {"token": "sekrit-token"})
+    path = store.write(checkpoint_name(4), payload(4)).path
+    with readable_checkpoint(path, store) as local:
+        assert Path(local).is_file() and torch.load(local, weights_only=True)["global_step"] == 4
+    assert not Path(local).exists() and not Path(local).parent.exists()
+    with readable_checkpoint("/a/local/path.ckpt", store) as same:
+        assert same == "/a/local/path.ckpt"
