@@ -254,9 +254,16 @@ def test_legacy_local_rank_forms_are_removed_before_hydra(drivebench, tmp_path):
         assert "name: maptr" in out
 
 
-def test_nccl_on_this_cpu_machine_is_a_one_line_error(drivebench, tmp_path):
-    result, _, _ = drivebench([*RUN, *DDP, "dist.backend=nccl", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
-                              timeout=90)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith("drivebench: error: dist.backend=nccl needs GPUs")
+def test_bad_dist_settings_are_one_line_errors_on_the_command_line(drivebench, tmp_path):
+    cases = {"dist.backend=nccl": "drivebench: error: dist.backend=nccl needs GPUs but this run is on the CPU",
+             "dist.p2p=maybe": "drivebench: error: dist.p2p='maybe' is not valid; choose one of: auto, on, off"}
+    env = {k: v for k, v in drivebench.env(tmp_path).items() if k != "DRIVEBENCH_TEST_PROBE"}
+    procs = {case: subprocess.Popen([sys.executable, "-m", "drivebench", *RUN, *DDP, case,
+                                     f"hydra.run.dir={tmp_path / f'run{i}'}"], cwd=tmp_path, env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, case in enumerate(cases)}
+    for case, proc in procs.items():
+        _, err = proc.communicate(timeout=90)
+        assert proc.returncode == 2, err[-2000:]
+        assert err.strip().splitlines()[-1].startswith(cases[case])
     assert not summaries(tmp_path)
