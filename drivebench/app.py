@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from drivebench.accel.compile import apply_compile, to_channels_last
 from drivebench.accel.settings import AccelSettings
+from drivebench.ckpt.store import CheckpointWriteError
 from drivebench.data.datamodule import DriveDataModule
 from drivebench.dist import DistJob, apply_p2p, build_strategy, patch_rank_launch_command, resolve_devices
 from drivebench.errors import ConfigError
@@ -166,3 +167,8 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     except ConfigError as err:
         print(f"drivebench: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except CheckpointWriteError as err:
+        # storage failed mid-run: one line, like a ConfigError (Hydra, handed the exception, would also
+        # print the raw command-line overrides, credentials included)
+        print(f"drivebench: error: {err}", file=sys.stderr)
+        sys.exit(1)

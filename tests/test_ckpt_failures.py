@@ -40,11 +40,15 @@ def _children_ignore_sigxfsz() -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
-def _assert_failed_cleanly(proc: subprocess.Popen, ckpt_dir: Path, reason: str) -> None:
+def _assert_failed_cleanly(proc: subprocess.Popen, ckpt_dir: Path, reason: str) -> str:
+    """The run stopped with one error line naming the failed file; the previous checkpoint is intact
+    and loadable; nothing partial is left. Returns the run's stdout + stderr."""
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, f"the run should have stopped with an error:\n{err[-3000:]}"
-    message = next((line for line in reversed(err.splitlines()) if "writing checkpoint /" in line), None)
-    assert message is not None, err[-3000:]
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("drivebench: error: writing checkpoint /"), err[-3000:]
+    assert "Traceback" not in err
+    message = errors[0]
     failed = Path(message.split("writing checkpoint ", 1)[1].split(" failed", 1)[0])
     assert failed.parent == ckpt_dir and step_of(failed.name) is not None
     assert reason in message and "the previous checkpoint is intact" in message
@@ -56,19 +60,21 @@ def _assert_failed_cleanly(proc: subprocess.Popen, ckpt_dir: Path, reason: str) 
     assert latest is not None and step_of(Path(latest).name) < step_of(failed.name)
     state = store.load(latest)  # intact, and loadable the way resume loads it
     assert state["global_step"] == step_of(Path(latest).name)
+    return out + err
 
 
 def test_file_size_limit_mid_run_keeps_previous_checkpoint(tmp_path, cache):
     """A real write failure (EFBIG): the file-size limit of the running process is lowered below a
     checkpoint's size once the first checkpoint exists, so the next save fails part-way."""
     ckpt_dir = tmp_path / "ckpt"
-    proc = start_training(tmp_path / "run", cache, f"ckpt.dir={ckpt_dir}", "ckpt.every_n_steps=3", steps=100,
-                          preexec_fn=_children_ignore_sigxfsz)
+    proc = start_training(tmp_path / "run", cache, f"ckpt.dir={ckpt_dir}", "ckpt.every_n_steps=3",
+                          "+ckpt.storage_options.secret=TOPSECRET123", steps=100, preexec_fn=_children_ignore_sigxfsz)
     first = ckpt_dir / "step-00000003.ckpt"
     wait_for(first, proc)
     limit = first.stat().st_size // 2
     resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
-    _assert_failed_cleanly(proc, ckpt_dir, "the disk is full (or a file-size limit was reached)")
+    output = _assert_failed_cleanly(proc, ckpt_dir, "the disk is full (or a file-size limit was reached)")
+    assert "TOPSECRET123" not in output  # a failing run must not echo its overrides (Hydra would)
 
 
 @pytest.fixture
