@@ -26,6 +26,7 @@ from drivebench.ckpt.state import STATE_KEY
 from drivebench.ckpt.store import CheckpointStore, CheckpointWriteError, checkpoint_name, step_of
 from drivebench.data.sampling import RandomBatchSampler
 from drivebench.errors import ConfigError
+from drivebench.perf.callback import StepTimer
 
 SAMPLES, BATCH = 48, 8  # 6 batches per epoch
 
@@ -244,6 +245,30 @@ def test_failed_final_background_write_is_raised_when_training_ends(tmp_path):
     ckpt.store = FailingStore(str(tmp_path / "ckpt"), fail_from_step=0)
     with pytest.raises(CheckpointWriteError, match=r"step-00000005\.ckpt failed"):
         fit(tmp_path, ckpt, max_steps=5)
+
+
+def test_step_timer_books_save_time_as_checkpoint_time_not_data_wait(tmp_path):
+    timer = StepTimer("perf", warmup_steps=0)
+    ckpt = Checkpointing(str(tmp_path / "ckpt"), every_n_steps=2, keep_last_k=0)
+    real_write = ckpt.store.write
+
+    def slow_write(name: str, checkpoint: dict[str, Any], fault: Any = None) -> Any:
+        time.sleep(0.3)  # slow storage
+        return real_write(name, checkpoint, fault)
+
+    ckpt.store.write = slow_write
+    pl.seed_everything(7, verbose=False)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=6, logger=False, callbacks=[timer, ckpt],  # the runners' order
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         use_distributed_sampler=False, default_root_dir=str(tmp_path))
+    trainer.fit(Toy(), datamodule=ToyData())
+    records = timer.times.records
+    assert len(records) == 6
+    for index in (2, 4):  # the saves after global steps 2 and 4 fall into the next step's interval
+        assert records[index].ckpt_s >= 0.3 and records[index].step_s >= 0.3
+        assert records[index].data_wait_s < 0.1  # the in-memory loader is instant: no storage time here
+    assert all(r.ckpt_s == 0.0 for i, r in enumerate(records) if i not in (2, 4))
+    assert len(ckpt.saves) == 3 and all(s["blocking_s"] >= 0.3 for s in ckpt.saves)
 
 
 def test_every_n_minutes_counts_training_time(tmp_path):

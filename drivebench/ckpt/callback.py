@@ -109,14 +109,12 @@ class Checkpointing(ResumeState):
 
     # ---- setup: preflight --------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit":
+        """Before the first step: ckpt.dir exists, takes a write, and (locally) has room."""
+        if stage != "fit" or not trainer.is_global_zero:
             return
-        needed = None
-        if trainer.is_global_zero:
-            param_bytes = sum(p.numel() * p.element_size() for p in pl_module.parameters())
-            # weights + two Adam moments, per kept checkpoint plus the one being written
-            needed = 3 * param_bytes * (max(self.keep_last_k, 1) + 1)
-            self.store.prepare(needed)
+        param_bytes = sum(p.numel() * p.element_size() for p in pl_module.parameters())
+        # weights + two Adam moments, per kept checkpoint plus the one being written
+        self.store.prepare(3 * param_bytes * (max(self.keep_last_k, 1) + 1))
 
     # ---- triggers ----------------------------------------------------------------------------
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
