@@ -359,7 +359,10 @@ class DistJob:
         # every rank leaves the process group first (NCCL teardown waits for its peers), then
         # rank 0 waits for the rank processes it launched
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+            if failed or not launched_externally():
+                torch.distributed.destroy_process_group()
+            else:  # the same processes run the sweep's next job in the same group (see launched_externally)
+                _destroy_group_at_exit()
         timeout_s = self.failed_child_timeout_s if failed else self.child_timeout_s
         for proc in procs:
             try:
@@ -377,6 +380,26 @@ class DistJob:
         if dead is not None:
             # the last line the user reads names the dead rank, not the collective that noticed it
             raise RankFailed(dead.removeprefix("drivebench: error: ")) from exc
+
+
+def launched_externally(environ: dict[str, str] | None = None) -> bool:
+    """Were the rank processes started by torchrun or srun (not by Lightning from this process)?
+
+    Then, under ``-m``, the same processes run every job of the sweep, so a job keeps the process
+    group for the next one: a new group after ``destroy_process_group`` would reuse the launcher's
+    store with the same keys (group names restart at 0) and hang in its rendezvous.
+    """
+    env = os.environ if environ is None else environ
+    return "TORCHELASTIC_RUN_ID" in env or ("SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1") or 1) > 1)
+
+
+_GROUP_EXIT_HOOK: list[bool] = []
+
+
+def _destroy_group_at_exit() -> None:
+    if not _GROUP_EXIT_HOOK:
+        _GROUP_EXIT_HOOK.append(True)
+        atexit.register(lambda: torch.distributed.is_initialized() and torch.distributed.destroy_process_group())
 
 
 def gather_objects(obj: Any) -> list[Any]:

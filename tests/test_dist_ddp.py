@@ -201,69 +201,88 @@ def test_multirun_with_ddp_runs_each_job_once(drivebench, tmp_path):
     assert all(r["nccl_env"].get("NCCL_P2P_LEVEL") == "PIX" for r in inits)
 
 
-def test_a_dead_rank_stops_the_run_and_is_named(drivebench, tmp_path):
-    run_dir = tmp_path / "run"
-    env = {"DRIVEBENCH_FAULT_EXIT_RANK": "1", "DRIVEBENCH_FAULT_EXIT_STEP": "2"}
-    args = [*RUN, *DDP, "trainer.max_steps=200", "dist.timeout_minutes=0.5", f"hydra.run.dir={run_dir}"]
-    result, _, elapsed = drivebench(args, cwd=tmp_path, env=env, timeout=150)  # hard limit: a hang fails here
-    assert result.returncode != 0
-    assert "fault injection: rank 1 exits abruptly" in result.stderr
-    last = [line for line in result.stderr.splitlines() if line.strip()][-2:]
-    assert any(f"rank 1 (pid " in line and f"exited with code {FAULT_EXIT_CODE}" in line for line in last), last
-    assert not summaries(tmp_path)
-    assert elapsed < 90  # gloo notices the closed connection at once; the timeout (30 s) is the upper bound
+def test_torchrun_multirun_keeps_one_sweep_dir_and_runs_every_job(drivebench, tmp_path):
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    args = ["-m", *RUN, "trainer.max_steps=4", "dist=ddp", "seed=1,2"]
+    result, probe, _ = drivebench(args, cwd=tmp_path, launcher=launcher, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweeps = list((tmp_path / "outputs" / "multirun").glob("*/*"))
+    assert len(sweeps) == 1, "a rank > 0 made its own sweep directory"
+    assert sorted(p.name for p in sweeps[0].iterdir()) == ["0_maptr_none", "1_maptr_none", "multirun.yaml"]
+    for job, seed in (("0_maptr_none", 1), ("1_maptr_none", 2)):
+        summary = json.loads((sweeps[0] / job / "summary.json").read_text())
+        assert summary["run"]["seed"] == seed and summary["ranks"]["world_size"] == 2
+    # the second job ran in the first job's process group (a new one would hang in torchrun's store)
+    assert sorted(r["rank"] for r in records(probe, "pg")) == [0, 1]
+    assert len(records(probe, "samples")) == 4  # two jobs trained on both ranks
 
 
-def test_a_stuck_rank_fails_the_run_at_the_timeout(drivebench, tmp_path):
+def test_a_dead_or_stuck_rank_stops_the_run_naming_it(drivebench, tmp_path):
+    """Two runs side by side (the stuck one mostly waits): rank 1 exits abruptly after step 2 in one,
+    stops responding after step 2 in the other. Hard time limits: a hang fails the test."""
     import psutil
 
-    run_dir = tmp_path / "run"
-    env = {"DRIVEBENCH_FAULT_EXIT_RANK": "1", "DRIVEBENCH_FAULT_EXIT_STEP": "2", "DRIVEBENCH_FAULT_HANG": "1"}
-    # the timeout also bounds the rendezvous, so it must exceed a rank's start-up time on this machine
-    timeout_s = 24
-    args = [*RUN, *DDP, "trainer.max_steps=200", f"dist.timeout_minutes={timeout_s / 60}", f"hydra.run.dir={run_dir}"]
-    result, _, elapsed = drivebench(args, cwd=tmp_path, env=env, timeout=150)  # hard limit: a hang fails here
-    assert result.returncode != 0
-    assert "fault injection: rank 1 stops responding" in result.stderr
-    assert "rank 1 (pid " in result.stderr and "dist.timeout_minutes" in result.stderr
-    assert "timeout" in result.stderr.lower()
-    assert not summaries(tmp_path)
-    left = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
-    assert not left, "the stuck rank outlived the run"
+    timeout_s = 24  # also bounds the rendezvous, so it must exceed a rank's start-up time here
+    args = [*RUN, *DDP, "trainer.max_steps=200", f"dist.timeout_minutes={timeout_s / 60}"]
+    fault = {"DRIVEBENCH_FAULT_EXIT_RANK": "1", "DRIVEBENCH_FAULT_EXIT_STEP": "2"}
+    runs = {}
+    for kind, extra in (("dead", {}), ("stuck", {"DRIVEBENCH_FAULT_HANG": "1"})):
+        cwd = tmp_path / kind
+        cwd.mkdir()
+        runs[kind] = (time.monotonic(), subprocess.Popen(
+            [sys.executable, "-m", "drivebench", *args, f"hydra.run.dir={cwd / 'run'}"], cwd=cwd,
+            env=drivebench.env(cwd, {**fault, **extra}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outcome = {}
+    for kind, (started, proc) in runs.items():
+        _, err = proc.communicate(timeout=150)
+        outcome[kind] = (proc.returncode, err, time.monotonic() - started)
+
+    code, err, elapsed = outcome["dead"]
+    assert code != 0 and "fault injection: rank 1 exits abruptly" in err
+    last = [line for line in err.splitlines() if line.strip()][-2:]
+    assert any("rank 1 (pid " in line and f"exited with code {FAULT_EXIT_CODE}" in line for line in last), last
+    assert elapsed < 60 + timeout_s  # gloo notices the closed connection at once; the timeout is the bound
+
+    code, err, elapsed = outcome["stuck"]
+    assert code != 0 and "fault injection: rank 1 stops responding" in err
+    assert "rank 1 (pid " in err and "dist.timeout_minutes" in err and "timeout" in err.lower()
     assert elapsed < 60 + timeout_s  # start-up, two steps, then the timeout: not more
 
+    assert not summaries(tmp_path)
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert not left, "a rank process outlived its run"
 
-def test_legacy_local_rank_on_a_single_process_run(drivebench, tmp_path):
-    run_dir = tmp_path / "run"
-    result, _, _ = drivebench(["--local_rank=0", *RUN, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"],
-                              cwd=tmp_path, env={"LOCAL_RANK": "0"})
-    assert result.returncode == 0, result.stderr[-3000:]
+
+def test_command_line_local_rank_forms_and_dist_errors(drivebench, tmp_path):
+    """Side by side (they are mostly start-up time): a single-process run given the legacy local rank
+    both as a flag and as LOCAL_RANK; the other flag forms removed before Hydra; two bad dist settings."""
+    quiet = {k: v for k, v in drivebench.env(tmp_path).items() if k != "DRIVEBENCH_TEST_PROBE"}  # no probe: faster
+
+    def start(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "drivebench", *args], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    run_dir = tmp_path / "single"
+    single = start(["--local_rank=0", *RUN, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"],
+                   {**quiet, "LOCAL_RANK": "0"})
+    # the other forms in one command line: each is removed, or Hydra would reject the command
+    forms = start(["--local-rank", "0", *RUN[:2], "--local_rank", "0", *RUN[2:], "--local-rank=0", "--cfg", "job"],
+                  quiet)
+    errors = {"dist.backend=nccl": "drivebench: error: dist.backend=nccl needs GPUs but this run is on the CPU",
+              "dist.p2p=maybe": "drivebench: error: dist.p2p='maybe' is not valid; choose one of: auto, on, off"}
+    failing = {case: start([*RUN, *DDP, case, f"hydra.run.dir={tmp_path / f'bad{i}'}"], quiet)
+               for i, case in enumerate(errors)}
+
+    out, err = forms.communicate(timeout=120)
+    assert forms.returncode == 0, err[-2000:]
+    assert "name: maptr" in out and "size: test" in out
+    for case, proc in failing.items():
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2, err[-2000:]
+        assert err.strip().splitlines()[-1].startswith(errors[case])  # one line, the last one
+    _, err = single.communicate(timeout=180)
+    assert single.returncode == 0, err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["train"]["samples"] > 0 and "ranks" not in summary
     assert "--local" not in summary["run"]["command"]  # the flag was removed before Hydra parsed argv
-
-
-def test_legacy_local_rank_forms_are_removed_before_hydra(drivebench, tmp_path):
-    forms = [["--local-rank", "0"], ["--local_rank", "0"], ["--local-rank=0"]]
-    env = {k: v for k, v in drivebench.env(tmp_path).items() if k != "DRIVEBENCH_TEST_PROBE"}  # no probe: fast
-    procs = [subprocess.Popen([sys.executable, "-m", "drivebench", *form, *RUN, "--cfg", "job"], cwd=tmp_path,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for form in forms]
-    for form, proc in zip(forms, procs):
-        out, err = proc.communicate(timeout=90)
-        assert proc.returncode == 0, (form, err[-2000:])
-        assert "name: maptr" in out
-
-
-def test_bad_dist_settings_are_one_line_errors_on_the_command_line(drivebench, tmp_path):
-    cases = {"dist.backend=nccl": "drivebench: error: dist.backend=nccl needs GPUs but this run is on the CPU",
-             "dist.p2p=maybe": "drivebench: error: dist.p2p='maybe' is not valid; choose one of: auto, on, off"}
-    env = {k: v for k, v in drivebench.env(tmp_path).items() if k != "DRIVEBENCH_TEST_PROBE"}
-    procs = {case: subprocess.Popen([sys.executable, "-m", "drivebench", *RUN, *DDP, case,
-                                     f"hydra.run.dir={tmp_path / f'run{i}'}"], cwd=tmp_path, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i, case in enumerate(cases)}
-    for case, proc in procs.items():
-        _, err = proc.communicate(timeout=90)
-        assert proc.returncode == 2, err[-2000:]
-        assert err.strip().splitlines()[-1].startswith(cases[case])
-    assert not summaries(tmp_path)
+    assert summaries(tmp_path) == [run_dir / "summary.json"]
