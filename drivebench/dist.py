@@ -232,7 +232,9 @@ class RankWatch(threading.Thread):
             if all(proc.poll() == 0 for proc in self.procs):
                 return
             message = dead_rank_message(self.procs)
-            if message is None:
+            if message is None:  # still running, or stopped by this process (DistJob's teardown)
+                if all(proc.poll() is not None for proc in self.procs):
+                    return
                 continue
             self.failed = message
             print(f"{message}; stopping the other ranks", file=sys.stderr, flush=True)

@@ -296,3 +296,10 @@ def test_datamodule_takes_world_and_rank_from_the_trainer():
 def test_summary_records_p2p_json_ready():
     applied = dist.apply_p2p("off", environ={})
     assert json.loads(json.dumps(applied)) == applied
+
+
+def test_external_launchers_keep_the_group_between_jobs():
+    assert dist.launched_externally({"TORCHELASTIC_RUN_ID": "x"})
+    assert dist.launched_externally({"SLURM_PROCID": "0", "SLURM_NTASKS": "8"})
+    assert not dist.launched_externally({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"})  # Lightning launches
+    assert not dist.launched_externally({"LOCAL_RANK": "1", "WORLD_SIZE": "2"})  # a rank Lightning started
