@@ -14,6 +14,7 @@ without writing checkpoints of its own must still restore what the checkpoint ca
 from __future__ import annotations
 
 import random
+import warnings
 from typing import Any
 
 import lightning.pytorch as pl
@@ -84,4 +85,7 @@ class ResumeState(pl.Callback):
         datamodule = trainer.datamodule
         if datamodule is not None and hasattr(datamodule, "resume_at"):
             datamodule.resume_at(epoch, done)
+            # Lightning warns that a mid-epoch resume repeats data unless the loader is resumable;
+            # this one is (the sampler skips the batches done), so the warning would mislead
+            warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch")
         self.restored_step = int(state.get("global_step", checkpoint.get("global_step", 0)))
