@@ -8,6 +8,7 @@ data is generated or any step is taken.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 import time
@@ -30,7 +31,7 @@ from drivebench.errors import ConfigError
 from drivebench.lit.base import DriveModule
 from drivebench.models.registry import get_spec
 from drivebench.perf.machine import MachineInfo, detect_machine
-from drivebench.secrets import scrub_hydra_dir
+from drivebench.secrets import redact_text, scrub_hydra_dir, secret_values
 
 log = logging.getLogger("drivebench")
 
@@ -171,4 +172,13 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         # storage failed mid-run: one line, like a ConfigError (Hydra, handed the exception, would also
         # print the raw command-line overrides, credentials included)
         print(f"drivebench: error: {err}", file=sys.stderr)
+        sys.exit(1)
+    except Exception as err:  # a bug or an environment failure: full traceback to the run's log only
+        secrets = secret_values(OmegaConf.select(cfg, "ckpt.storage_options"))
+        log.exception("run failed")
+        where = output_dir / "__main__.log"
+        print(f"drivebench: error: {type(err).__name__}: {redact_text(str(err), secrets)[:2000]}\n"
+              f"  (full traceback in {where}; set HYDRA_FULL_ERROR=1 to also raise it here)", file=sys.stderr)
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
         sys.exit(1)

@@ -21,6 +21,9 @@ def drivebench_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_cli(args: list[str], cache: Path, cwd: Path | None = None, timeout: float = 600,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m drivebench <args>`` in a subprocess with the session's data cache."""
-    full_env = {**os.environ, "DRIVEBENCH_CACHE": str(cache), "PYTHONPATH": str(REPO), **(env or {})}
+    # one compute thread per process: test processes share 2 cores with loader workers and each
+    # other, and oversubscribed threads stall (seconds per op) far more than they help
+    full_env = {**os.environ, "DRIVEBENCH_CACHE": str(cache), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+                **(env or {})}
     return subprocess.run([sys.executable, "-m", "drivebench", *args], cwd=cwd or REPO, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
