@@ -141,6 +141,10 @@ class DriveModule(pl.LightningModule):
 
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer_factory(self.parameter_groups())
+        # groups may carry ``lr_mult`` (e.g. the image backbone at 0.1x, mmcv's paramwise_cfg):
+        # scaled before the scheduler is built, so it takes the scaled rates as its base
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * group.get("lr_mult", 1.0)
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer)

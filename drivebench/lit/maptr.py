@@ -13,22 +13,6 @@ from drivebench.models.maptr.criterion import MapTRCriterion
 from drivebench.models.maptr.postprocess import decode_top_k
 
 
-def _scaled_by_lr_mult(factory: OptimizerFactory) -> OptimizerFactory:
-    """Wrap an optimizer factory so that groups carrying ``lr_mult`` start at ``lr * lr_mult``.
-
-    The scaling happens before any scheduler is built, so schedulers take the scaled rates as their
-    base (mmcv's ``paramwise_cfg`` ``lr_mult`` semantics).
-    """
-
-    def build(groups: Any) -> torch.optim.Optimizer:
-        optimizer = factory(groups)
-        for group in optimizer.param_groups:
-            group["lr"] = group["lr"] * group.get("lr_mult", 1.0)
-        return optimizer
-
-    return build
-
-
 class MapTRModule(DriveModule):
     """Train ``drivebench.models.maptr.MapTR`` on the map keys of the camera batch contract.
 
@@ -53,7 +37,7 @@ class MapTRModule(DriveModule):
         max_predictions: int = 50,
         loss_weights: dict[str, float] | None = None,
     ) -> None:
-        super().__init__(net, _scaled_by_lr_mult(optimizer), scheduler, scheduler_interval, no_weight_decay,
+        super().__init__(net, optimizer, scheduler, scheduler_interval, no_weight_decay,
                          device_transform)
         self.backbone_lr_mult = backbone_lr_mult
         self.max_predictions = max_predictions

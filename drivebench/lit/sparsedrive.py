@@ -25,19 +25,6 @@ from drivebench.models.sparsedrive.metrics import DetectionAP, MotionMetric, Pla
 from drivebench.models.sparsedrive.model import DETECTION_CLASSES, MAP_CLASSES, SparseDriveOutput
 
 
-def _with_lr_mult(factory: OptimizerFactory) -> OptimizerFactory:
-    """Optimizer factory wrapper: groups carrying ``lr_mult`` start at ``lr * lr_mult`` (mmcv
-    ``paramwise_cfg`` semantics; schedulers built afterwards take the scaled rates as base)."""
-
-    def build(groups: Any) -> torch.optim.Optimizer:
-        optimizer = factory(groups)
-        for group in optimizer.param_groups:
-            group["lr"] = group["lr"] * group.get("lr_mult", 1.0)
-        return optimizer
-
-    return build
-
-
 class SparseDriveModule(DriveModule):
     """Train ``drivebench.models.sparsedrive.SparseDrive`` on the camera batch contract.
 
@@ -63,7 +50,7 @@ class SparseDriveModule(DriveModule):
         num_detections: int = 300,
         plan_rescore: bool = True,
     ) -> None:
-        super().__init__(net, _with_lr_mult(optimizer), scheduler, scheduler_interval, no_weight_decay, device_transform)
+        super().__init__(net, optimizer, scheduler, scheduler_interval, no_weight_decay, device_transform)
         stage = getattr(net, "stage", 2)
         self.backbone_lr_mult = backbone_lr_mult if backbone_lr_mult is not None else (0.5 if stage == 1 else 0.1)
         self.num_detections = num_detections
