@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 import tempfile
 from pathlib import Path
@@ -14,6 +15,7 @@ from drivebench.perf.stats import describe
 from drivebench.perf.system import SystemMonitor
 
 SCHEMA_VERSION = 1
+_DETAIL_METRIC = re.compile(r"@|^d\d+\.|^AP_")
 LOSS_STEPS = (10, 50, 100, 200, 300, 500, 1000, 2000, 5000, 10000)
 
 
@@ -154,6 +156,8 @@ def render_table(summary: dict[str, Any]) -> str:
     if loss.get("first") is not None:
         rows.append(("train loss first -> final", f"{_fmt(loss['first'])} -> {_fmt(loss['final'])}"))
     for key, value in (summary.get("val") or {}).items():
+        if _DETAIL_METRIC.search(key):  # per-threshold / per-class / per-layer figures: in summary.json
+            continue
         rows.append((f"val {key}", _fmt(value)))
     mem = summary.get("memory") or {}
     if mem.get("peak_device_gb") is not None:
