@@ -141,3 +141,13 @@ def test_tiny_model_on_the_real_argoverse2_scenario():
     with torch.no_grad():
         losses = QCNetLoss()(_tiny()(batch), batch)
     assert all(torch.isfinite(v) for v in losses.values())
+
+
+def test_compile_scope_selects_the_units_accel_compiles():
+    from drivebench.models.qcnet.layers import AttentionLayer, FourierEmbedding
+
+    assert create_model("qcnet", "tiny").compile_units() == {}
+    units = create_model("qcnet", "tiny", compile_scope="layers").compile_units()
+    assert len(units) > 10 and all(isinstance(m, (AttentionLayer, FourierEmbedding)) for m in units.values())
+    with pytest.raises(ValueError, match="compile_scope='all' is not valid"):
+        create_model("qcnet", "tiny", compile_scope="all")

@@ -9,4 +9,5 @@ run sparsedrive_none 110 model=sparsedrive accel=none bench.steps=25 bench.val_b
 run gaussianformer_none 110 model=gaussianformer accel=none bench.steps=25 bench.val_batches=0 bench.ceiling_steps=15 bench.ceiling_warmup_steps=5 ckpt=none
 run maptr_torch 90 model=maptr accel=torch bench.steps=60 bench.val_batches=0 bench.ceiling_steps=20 bench.ceiling_warmup_steps=5 ckpt=none
 run maptr_cpu 90 model=maptr accel=cpu bench.steps=30 bench.val_batches=0 bench.ceiling_steps=20 bench.ceiling_warmup_steps=5 ckpt=none
+run qcnet_max_compile_layers 150 model=qcnet accel=max model.net.compile_scope=layers bench.steps=200 bench.val_batches=0 bench.ceiling_steps=30 bench.ceiling_warmup_steps=5 ckpt=none
 log "done in $(( $(date +%s) - START ))s"
