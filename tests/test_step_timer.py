@@ -9,7 +9,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from drivebench.lit.base import DriveModule
 from drivebench.perf.callback import StepTimer
+from drivebench.accel.gc_freeze import FreezeHeap
 from drivebench.perf.ceiling import ResidentBatch, ResidentBatchLoader
+from drivebench.perf.loader_wait import LoaderWaitProfiler
 from drivebench.perf.summary import loss_summary, phase_stats
 
 
@@ -48,12 +50,26 @@ class ToyModule(DriveModule):
         return batch["x"].shape[0]
 
 
-def fit(data_delay: float, compute_delay: float, steps: int = 12, warmup: int = 2) -> StepTimer:
+class SlowBookkeeping(pl.Callback):
+    """Stands in for work between steps that is not loading (e.g. the host waiting for the device
+    when a logged loss is read back): it runs after the step timer's batch-end hook."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def on_train_batch_end(self, *args) -> None:
+        time.sleep(self.delay)
+
+
+def fit(data_delay: float, compute_delay: float, steps: int = 12, warmup: int = 2, between_steps: float = 0.0,
+        loader_profiler: bool = True, extra_callbacks: tuple = ()) -> StepTimer:
     module = ToyModule(SlowModel(compute_delay), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
     loader = DataLoader(SlowDataset(64, data_delay), batch_size=4)
     timer = StepTimer("perf", warmup_steps=warmup)
-    trainer = pl.Trainer(accelerator="cpu", max_steps=steps, logger=False, callbacks=[timer],
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    callbacks = [*extra_callbacks, timer] + ([SlowBookkeeping(between_steps)] if between_steps else [])
+    trainer = pl.Trainer(accelerator="cpu", max_steps=steps, logger=False, callbacks=callbacks,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         profiler=LoaderWaitProfiler() if loader_profiler else None)
     trainer.fit(module, train_dataloaders=loader)
     return timer
 
@@ -65,6 +81,43 @@ def test_input_bound_run_is_attributed_to_data_wait():
     assert stats["data_wait_s"]["median"] == pytest.approx(0.04, abs=0.02)
     assert stats["data_wait_fraction"] > 0.7
     assert stats["samples_per_s"] == pytest.approx(4 / stats["step_s"]["mean"], rel=1e-6)
+
+
+def test_work_between_steps_is_loop_overhead_not_data_wait():
+    timer = fit(data_delay=0.0, compute_delay=0.0, between_steps=0.03)
+    stats = phase_stats(timer.times)
+    assert stats["loop_overhead_s"]["median"] == pytest.approx(0.03, abs=0.015)
+    assert stats["data_wait_s"]["median"] < 0.01
+    assert stats["loop_overhead_fraction"] > 0.6
+
+
+def test_without_the_loader_profiler_the_whole_gap_counts_as_data_wait():
+    timer = fit(data_delay=0.0, compute_delay=0.0, between_steps=0.03, loader_profiler=False)
+    stats = phase_stats(timer.times)
+    assert stats["data_wait_s"]["median"] >= 0.025
+    assert stats["loop_overhead_s"]["median"] == 0.0
+
+
+def test_slow_loader_and_slow_bookkeeping_are_told_apart():
+    timer = fit(data_delay=0.01, compute_delay=0.0, between_steps=0.02)  # 40 ms loading, 20 ms other
+    stats = phase_stats(timer.times)
+    assert stats["data_wait_s"]["median"] == pytest.approx(0.04, abs=0.02)
+    assert stats["loop_overhead_s"]["median"] == pytest.approx(0.02, abs=0.012)
+
+
+def test_gc_freeze_holds_the_heap_frozen_during_training_only():
+    import gc
+
+    seen = []
+
+    class Probe(pl.Callback):
+        def on_train_batch_start(self, *args) -> None:
+            seen.append(gc.get_freeze_count())
+
+    freeze = FreezeHeap()
+    fit(data_delay=0.0, compute_delay=0.0, steps=3, warmup=0, extra_callbacks=(freeze, Probe()))
+    assert seen and min(seen) > 1000 and freeze.summary()["frozen_objects"] > 1000
+    assert gc.get_freeze_count() == 0
 
 
 def test_compute_bound_run_is_attributed_to_compute():

@@ -29,6 +29,7 @@ class AccelSettings:
     precompute_targets: bool
     shm_cache: bool
     shm_cache_max_gb: float
+    gc_freeze: bool
     num_workers: int
     pin_memory: bool
     persistent_workers: bool
@@ -112,6 +113,7 @@ class AccelSettings:
             precompute_targets=flag("precompute_targets", True),
             shm_cache=flag("shm_cache", True),
             shm_cache_max_gb=float(shm_max),
+            gc_freeze=flag("gc_freeze", True),
             num_workers=num_workers,
             pin_memory=flag("pin_memory", on_gpu) and on_gpu,
             persistent_workers=persistent,

@@ -20,6 +20,7 @@ import torch
 from omegaconf import OmegaConf
 
 from drivebench.accel.compile import compile_report
+from drivebench.accel.gc_freeze import FreezeHeap
 from drivebench.app import Run, build
 from drivebench.ckpt.resume import find_resume_checkpoint, readable_checkpoint
 from drivebench.ckpt.state import ResumeState
@@ -28,6 +29,7 @@ from drivebench.errors import ConfigError
 from drivebench.secrets import redact, redact_argv
 from drivebench.perf.callback import StepTimer
 from drivebench.perf.ceiling import ResidentBatch, ResidentBatchLoader
+from drivebench.perf.loader_wait import LoaderWaitProfiler
 from drivebench.perf.machine import filesystem_of
 from drivebench.perf.stats import describe
 from drivebench.perf.summary import SCHEMA_VERSION, loss_summary, phase_stats, render_table, write_summary
@@ -127,7 +129,8 @@ class TrainBench:
     def _train_phase(self, run: Run, logger: Any, monitor: SystemMonitor, summary: dict[str, Any]) -> None:
         cfg = run.cfg
         timer = StepTimer("perf", self.warmup_steps, self.sync_each_step, self.log_every_n_steps, monitor)
-        callbacks: list[pl.Callback] = [timer]
+        freeze = FreezeHeap() if run.accel.gc_freeze else None
+        callbacks: list[pl.Callback] = ([freeze] if freeze else []) + [timer]
         ckpt = build(cfg.ckpt.callback, _convert_="all") if cfg.ckpt.get("callback") else None
         callbacks.append(ckpt if ckpt is not None else ResumeState())  # RNG + data position, also for ckpt=none
         resume_from = find_resume_checkpoint(cfg, ckpt.store if ckpt is not None else None)
@@ -145,7 +148,7 @@ class TrainBench:
             val_check_interval=cfg.trainer.val_check_interval,
             log_every_n_steps=cfg.trainer.log_every_n_steps, gradient_clip_val=cfg.trainer.gradient_clip_val,
             accumulate_grad_batches=cfg.trainer.accumulate_grad_batches, deterministic=cfg.trainer.deterministic,
-            enable_checkpointing=False,
+            enable_checkpointing=False, profiler=LoaderWaitProfiler(),
         )
         if torch.cuda.is_available() and run.machine.accelerator == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -155,6 +158,8 @@ class TrainBench:
             trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=ckpt_path)  # remote: a local copy
         self.is_global_zero = trainer.is_global_zero
         summary["train"] = phase_stats(timer.times, monitor)
+        if freeze is not None:
+            summary["train"]["gc_freeze"] = freeze.summary()
         if trainer.world_size > 1:
             summary["ranks"] = self._gather_ranks(summary["train"], trainer)
             summary["train"]["global_samples_per_s"] = summary["ranks"]["global_samples_per_s"]
@@ -204,9 +209,11 @@ class TrainBench:
         batch = next(iter(loader))
         steps = self.ceiling_warmup_steps + self.ceiling_steps
         timer = StepTimer("ceiling", self.ceiling_warmup_steps, self.sync_each_step, self.log_every_n_steps, monitor)
+        callbacks: list[pl.Callback] = ([FreezeHeap()] if run.accel.gc_freeze else []) + [timer]
         trainer = pl.Trainer(
-            **run.trainer_kwargs(), logger=logger, callbacks=[timer], max_steps=steps, max_epochs=-1,
+            **run.trainer_kwargs(), logger=logger, callbacks=callbacks, max_steps=steps, max_epochs=-1,
             limit_val_batches=0, enable_checkpointing=False, log_every_n_steps=run.cfg.trainer.log_every_n_steps,
+            profiler=LoaderWaitProfiler(),
         )
         if run.job is not None:
             run.job.track(trainer)

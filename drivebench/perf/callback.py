@@ -5,8 +5,11 @@ Per step (host clock, ``time.perf_counter``):
     ... previous batch end | data wait | h2d | gpu preprocess | compute (fwd+bwd+opt) | batch end
                            ^ next() on the loader returns      ^ on_train_batch_start
 
-* data wait: from the end of the previous step until the loader handed over the next batch,
-  minus checkpoint time spent in between (that is reported on its own);
+* data wait: host time blocked in the train loader's ``next()`` (timed by
+  :class:`~drivebench.perf.loader_wait.LoaderWaitProfiler`, the trainer's profiler);
+* loop overhead: the rest of the gap between two steps (Lightning's bookkeeping, and the host
+  waiting for the device when logged values are read back), minus checkpoint time (reported on its
+  own). Without that profiler the whole gap counts as data wait (the older, coarser split);
 * h2d / gpu_preprocess: host time of the copy to the device and of device-side preprocessing;
 * compute: host time from ``on_train_batch_start`` to ``on_train_batch_end``.
 
@@ -26,6 +29,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
+from drivebench.perf.loader_wait import LoaderWaitProfiler
 from drivebench.perf.spans import SPANS
 from drivebench.perf.system import SystemMonitor
 
@@ -43,6 +47,7 @@ class StepRecord:
     gpu_preprocess_s: float
     compute_s: float
     ckpt_s: float = 0.0
+    loop_overhead_s: float = 0.0
     loss: float | None = None
     device_compute_s: float | None = None
     device_h2d_s: float | None = None
@@ -94,6 +99,7 @@ class StepTimer(pl.Callback):
         self.monitor = monitor
         self.times = PhaseTimes(phase)
         self._use_cuda = False
+        self._loader_timed = False
         self._t_prev_end = 0.0
         self._t_batch_start = 0.0
         self._t_val_start: float | None = None
@@ -104,6 +110,7 @@ class StepTimer(pl.Callback):
     # ---- lifecycle ---------------------------------------------------------------------------
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._use_cuda = pl_module.device.type == "cuda"
+        self._loader_timed = isinstance(trainer.profiler, LoaderWaitProfiler)
         SPANS.enabled = True
         SPANS.use_cuda_events = self._use_cuda
         SPANS.pop()
@@ -156,16 +163,19 @@ class StepTimer(pl.Callback):
         marks, durations, cuda_spans = SPANS.pop()
         fetched = marks.get("fetched", self._t_batch_start)
         ckpt = durations.get("ckpt", 0.0)
+        gap = max(fetched - self._t_prev_end - ckpt, 0.0)
+        data_wait = min(durations.get("loader_next", 0.0), gap) if self._loader_timed else gap
         record = StepRecord(
             step=self._n_steps,
             warmup=self._n_steps < self.warmup_steps,
             samples=_batch_size(pl_module, batch),
             step_s=t_end - self._t_prev_end,
-            data_wait_s=max(fetched - self._t_prev_end - ckpt, 0.0),
+            data_wait_s=data_wait,
             h2d_s=durations.get("h2d", 0.0),
             gpu_preprocess_s=durations.get("gpu_preprocess", 0.0),
             compute_s=t_end - self._t_batch_start,
             ckpt_s=ckpt,
+            loop_overhead_s=gap - data_wait,
         )
         if self._n_steps == self.warmup_steps:
             self.times.measured_started = self._t_prev_end
@@ -205,6 +215,7 @@ class StepTimer(pl.Callback):
             f"{p}/step_time_s": record.step_s,
             f"{p}/data_wait_s": record.data_wait_s,
             f"{p}/h2d_s": record.h2d_s,
+            f"{p}/loop_overhead_s": record.loop_overhead_s,
             f"{p}/compute_s": record.compute_s,
             f"{p}/samples_per_s": record.samples / record.step_s if record.step_s > 0 else 0.0,
             f"{p}/data_wait_frac": record.data_wait_s / record.step_s if record.step_s > 0 else 0.0,

@@ -29,6 +29,11 @@ class StepSpans:
         if self.enabled:
             self.marks[name] = time.perf_counter()
 
+    def add(self, name: str, seconds: float) -> None:
+        """Add a host duration measured elsewhere (e.g. by the loader-wait profiler)."""
+        if self.enabled:
+            self.durations[name] = self.durations.get(name, 0.0) + seconds
+
     @contextmanager
     def span(self, name: str) -> Iterator[None]:
         """Time the enclosed block on the host and, on CUDA, on the device's current stream."""

@@ -43,7 +43,9 @@ def phase_stats(times: PhaseTimes, monitor: SystemMonitor | None = None) -> dict
         gpu_preprocess_s=describe(r.gpu_preprocess_s for r in measured),
         compute_s=describe(r.compute_s for r in measured),
         ckpt_blocking_s=describe(r.ckpt_s for r in measured),
+        loop_overhead_s=describe(r.loop_overhead_s for r in measured),
         data_wait_fraction=sum(r.data_wait_s for r in measured) / wall if wall > 0 else math.nan,
+        loop_overhead_fraction=sum(r.loop_overhead_s for r in measured) / wall if wall > 0 else math.nan,
     )
     device = [r.device_compute_s for r in measured if r.device_compute_s is not None]
     if device:
@@ -139,6 +141,8 @@ def render_table(summary: dict[str, Any]) -> str:
                           f"(median {_fmt(train['data_wait_s']['median'], ' s')})"),
             ("host-to-device median", _fmt(train["h2d_s"]["median"], " s")),
         ]
+        if train.get("loop_overhead_fraction") is not None:
+            rows.append(("loop overhead + host sync", f"{_fmt(train['loop_overhead_fraction'], '%', 100)} of step time"))
         if "device_busy_fraction" in train:
             rows.append(("device span (CUDA events)", _fmt(train["device_busy_fraction"], "%", 100)))
         gpu_util = (train.get("system") or {}).get("gpu_util_pct")

@@ -167,11 +167,13 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
         "step_s_median": num(dig(train, "step_s", "median")),
         "data_wait_fraction": num(train.get("data_wait_fraction")),
         "data_wait_s_median": num(dig(train, "data_wait_s", "median")),
+        "loop_overhead_fraction": num(train.get("loop_overhead_fraction")),
         "h2d_s_median": num(dig(train, "h2d_s", "median")),
         "compute_s_median": num(dig(train, "compute_s", "median")),
         # means add up (medians do not): the step-time breakdown plot stacks these
         "step_s_mean": num(dig(train, "step_s", "mean")),
         "data_wait_s_mean": num(dig(train, "data_wait_s", "mean")),
+        "loop_overhead_s_mean": num(dig(train, "loop_overhead_s", "mean")),
         "h2d_s_mean": num(dig(train, "h2d_s", "mean")),
         "gpu_preprocess_s_mean": num(dig(train, "gpu_preprocess_s", "mean")),
         "compute_s_mean": num(dig(train, "compute_s", "mean")),

@@ -126,6 +126,7 @@ BREAKDOWN = (("data_wait_s_mean", "waiting for data", "tab:red"),
              ("h2d_s_mean", "host-to-device copy", "tab:orange"),
              ("gpu_preprocess_s_mean", "device preprocessing", "tab:purple"),
              ("compute_s_mean", "forward + backward + optimizer", "tab:blue"),
+             ("loop_overhead_s_mean", "between steps (hooks, logging, host sync)", "tab:olive"),
              ("_other_s", "other (hooks, logging)", "tab:gray"))
 
 

@@ -64,6 +64,7 @@ MAIN_COLUMNS: dict[str, Callable[[pd.Series], str]] = {
     "global samples/s (all ranks)": lambda r: fmt(r["global_samples_per_s"]),
     "speedup vs none": lambda r: fmt(r["speedup"], unit="x"),
     "data wait": lambda r: fmt(r["data_wait_fraction"], scale=100, unit="%"),
+    "loop overhead + sync": lambda r: fmt(r["loop_overhead_fraction"], scale=100, unit="%"),
     "efficiency vs ceiling": lambda r: fmt(r["efficiency"], scale=100, unit="%"),
     "device span (CUDA events)": lambda r: fmt(r["device_busy_fraction"], scale=100, unit="%"),
     "GPU util (median)": lambda r: fmt(r["gpu_util_pct_median"], unit="%"),
