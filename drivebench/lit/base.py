@@ -113,8 +113,14 @@ class DriveModule(pl.LightningModule):
                 batch.device = device
             self._resident_device_batch = batch.device_batch
             return batch.device_batch
+        # JPEG bytes are read by the decoder on the host (nvjpeg takes host buffers): copying them
+        # to the device only to copy them back would cost a blocking device-to-host copy each
+        host_only = batch.pop("img_jpeg", None) if isinstance(batch, dict) else None
         with SPANS.span("h2d"):
-            return super().transfer_batch_to_device(batch, device, dataloader_idx)
+            moved = super().transfer_batch_to_device(batch, device, dataloader_idx)
+        if host_only is not None:
+            moved["img_jpeg"] = host_only
+        return moved
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if self.device_transform is None or batch is getattr(self, "_resident_device_batch", None):

@@ -114,7 +114,8 @@ def warp_affine(x: torch.Tensor, matrices: torch.Tensor, out_hw: tuple[int, int]
     transforms, as ``img_aug_matrix``); bilinear, zeros outside. Pixel centres at integer coords."""
     b, n, c, h, w = x.shape
     oh, ow = out_hw
-    inv = torch.linalg.inv(matrices.to(device=x.device, dtype=torch.float32)).view(b * n, 3, 3)
+    # inv_ex: no singularity check, which would read a flag back from the device (a host sync)
+    inv = torch.linalg.inv_ex(matrices.to(device=x.device, dtype=torch.float32))[0].view(b * n, 3, 3)
     ys, xs = torch.meshgrid(torch.arange(oh, device=x.device, dtype=torch.float32),
                             torch.arange(ow, device=x.device, dtype=torch.float32), indexing="ij")
     pix = torch.stack([xs, ys, torch.ones_like(xs)], -1).view(1, -1, 3)
