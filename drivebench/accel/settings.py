@@ -42,6 +42,7 @@ class AccelSettings:
     cudnn_benchmark: bool
     channels_last: bool
     device_transform: str
+    device_prefetch: bool
 
     @classmethod
     def resolve(cls, cfg: Mapping[str, Any], machine: MachineInfo) -> "AccelSettings":
@@ -126,6 +127,7 @@ class AccelSettings:
             cudnn_benchmark=flag("cudnn_benchmark", on_gpu) and on_gpu,
             channels_last=flag("channels_last", on_gpu),
             device_transform=device,
+            device_prefetch=flag("device_prefetch", device != "off") and on_gpu,
         )
 
     def numerics_changes(self) -> list[str]:

@@ -24,6 +24,7 @@ from drivebench.accel.gc_freeze import FreezeHeap
 from drivebench.app import Run, build
 from drivebench.ckpt.resume import find_resume_checkpoint, readable_checkpoint
 from drivebench.ckpt.state import ResumeState
+from drivebench.data.device_prefetch import DevicePrefetchLoader
 from drivebench.dist import gather_objects
 from drivebench.errors import ConfigError
 from drivebench.secrets import redact, redact_argv
@@ -157,6 +158,10 @@ class TrainBench:
         with readable_checkpoint(resume_from, ckpt.store if ckpt is not None else None) as ckpt_path:
             trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=ckpt_path)  # remote: a local copy
         self.is_global_zero = trainer.is_global_zero
+        prefetch = trainer.train_dataloader
+        if isinstance(prefetch, DevicePrefetchLoader):
+            summary["data"]["device_prefetch"] = prefetch.stats()
+            prefetch.close()
         summary["train"] = phase_stats(timer.times, monitor)
         if freeze is not None:
             summary["train"]["gc_freeze"] = freeze.summary()
@@ -205,7 +210,7 @@ class TrainBench:
         return {k.removeprefix("val/"): float(v) for k, v in metrics.items()}
 
     def _ceiling_phase(self, run: Run, logger: Any, monitor: SystemMonitor, summary: dict[str, Any]) -> None:
-        loader = run.datamodule.train_dataloader()
+        loader = run.datamodule.train_dataloader(device_prefetch=False)  # a host batch, made resident below
         batch = next(iter(loader))
         steps = self.ceiling_warmup_steps + self.ceiling_steps
         timer = StepTimer("ceiling", self.ceiling_warmup_steps, self.sync_each_step, self.log_every_n_steps, monitor)
@@ -228,7 +233,7 @@ class TrainBench:
         dm = run.datamodule
         module = run.module
         device = torch.device("cuda", torch.cuda.current_device()) if run.machine.accelerator == "cuda" else None
-        loader = dm.train_dataloader()
+        loader = dm.train_dataloader(device_prefetch=False)  # the host pipeline alone
         iterator = iter(loader)
         warm = self.warmup_steps
         times, sizes = [], []

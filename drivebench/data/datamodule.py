@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from drivebench.accel.settings import AccelSettings
 from drivebench.accel.shm_cache import CacheDoesNotFit, SharedSampleCache
+from drivebench.data.device_prefetch import DevicePrefetchLoader
 from drivebench.data.sampling import EpochBatchSampler, RandomBatchSampler
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,20 @@ class DriveDataModule(pl.LightningDataModule):
         return RandomBatchSampler(len(dataset), self.batch_size, shuffle=shuffle, drop_last=True,
                                   num_replicas=replicas, rank=rank, seed=self.seed)
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self, device_prefetch: bool = True) -> DataLoader | DevicePrefetchLoader:
+        """The training loader; with ``accel.device_prefetch`` inside a trainer on a GPU, wrapped so
+        that batches arrive on the device already transformed (``device_prefetch=False``: never)."""
+        loader = self._train_loader()
+        trainer = getattr(self, "trainer", None)
+        if not (device_prefetch and self.accel.device_prefetch and trainer is not None):
+            return loader
+        device = trainer.strategy.root_device
+        if device.type != "cuda":
+            return loader
+        module = trainer.lightning_module
+        return DevicePrefetchLoader(loader, device, module.move_batch, module.device_transform)
+
+    def _train_loader(self) -> DataLoader:
         assert self.train_set is not None, "setup() first"
         sampler = self.make_batch_sampler(self.train_set)
         if self._resume_at is not None:

@@ -14,6 +14,9 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
+from lightning.fabric.utilities.apply_func import move_data_to_device
+
+from drivebench.data.device_prefetch import READY_KEY
 from drivebench.perf.ceiling import ResidentBatch
 from drivebench.perf.spans import SPANS
 
@@ -105,7 +108,19 @@ class DriveModule(pl.LightningModule):
         SPANS.mark("fetched")
         return batch
 
+    def move_batch(self, batch: Any, device: torch.device) -> Any:
+        """Host batch -> device batch (``img_jpeg`` stays on the host); also used by the prefetch thread."""
+        # JPEG bytes are read by the decoder on the host (nvjpeg takes host buffers): copying them
+        # to the device only to copy them back would cost a blocking device-to-host copy each
+        host_only = batch.pop("img_jpeg", None) if isinstance(batch, dict) else None
+        moved = move_data_to_device(batch, device)
+        if host_only is not None:
+            moved["img_jpeg"] = host_only
+        return moved
+
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        if isinstance(batch, dict) and batch.get(READY_KEY):  # moved and transformed by the prefetch thread
+            return batch
         if isinstance(batch, ResidentBatch):  # the ceiling phase: move and preprocess once, then reuse
             if batch.device_batch is None or batch.device != device:
                 moved = super().transfer_batch_to_device(batch.host, device, dataloader_idx)
@@ -113,16 +128,12 @@ class DriveModule(pl.LightningModule):
                 batch.device = device
             self._resident_device_batch = batch.device_batch
             return batch.device_batch
-        # JPEG bytes are read by the decoder on the host (nvjpeg takes host buffers): copying them
-        # to the device only to copy them back would cost a blocking device-to-host copy each
-        host_only = batch.pop("img_jpeg", None) if isinstance(batch, dict) else None
         with SPANS.span("h2d"):
-            moved = super().transfer_batch_to_device(batch, device, dataloader_idx)
-        if host_only is not None:
-            moved["img_jpeg"] = host_only
-        return moved
+            return self.move_batch(batch, device)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if isinstance(batch, dict) and batch.pop(READY_KEY, False):
+            return batch
         if self.device_transform is None or batch is getattr(self, "_resident_device_batch", None):
             return batch
         with SPANS.span("gpu_preprocess"):
