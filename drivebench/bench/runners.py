@@ -245,9 +245,7 @@ class TrainBench:
                 iterator = iter(loader)
                 batch = next(iterator)
             if device is not None:
-                from drivebench.lit.base import move_to
-
-                batch = move_to(batch, device)
+                batch = module.move_batch(batch, device)
             if module.device_transform is not None:  # part of the pipeline, wherever it runs
                 batch = module.device_transform(batch)
             if device is not None:
