@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from openmmlab_setup import openmmlab_stack, pytest_collection_modifyitems  # noqa: F401 (fixture + hook)
 
 REPO = Path(__file__).resolve().parents[1]
 

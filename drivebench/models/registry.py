@@ -77,7 +77,7 @@ def create_model(name: str, size: str | None = None, **overrides: Any) -> nn.Mod
     return spec.builder(**kwargs)
 
 
-_KNOWN_PACKAGES = ("qcnet", "maptr", "sparsedrive", "gaussianformer")
+_KNOWN_PACKAGES = ("qcnet", "maptr", "sparsedrive", "gaussianformer", "mmdet3d")
 
 
 def list_models(pattern: str = "*") -> list[str]:

@@ -12,10 +12,10 @@ if (( rc == 0 )); then
 else
   log "device prefetch test failed: MapTR prefetch run skipped"
 fi
-Q="model=qcnet accel=max bench.steps=100 bench.warmup_steps=10 bench.val_batches=0 bench.ceiling=false"
-run qcnet_ckpt_none 55 $Q ckpt=none
-run qcnet_ckpt_local 55 $Q ckpt=local ckpt.every_n_steps=20 ckpt.keep_last_k=2
-run qcnet_ckpt_async 55 $Q ckpt=async ckpt.every_n_steps=20 ckpt.keep_last_k=2
+Q="model=qcnet accel=max bench.steps=60 bench.warmup_steps=10 bench.val_batches=0 bench.ceiling=false"
+run qcnet_ckpt_none 75 $Q ckpt=none
+run qcnet_ckpt_local 75 $Q ckpt=local ckpt.every_n_steps=15 ckpt.keep_last_k=2
+run qcnet_ckpt_async 75 $Q ckpt=async ckpt.every_n_steps=15 ckpt.keep_last_k=2
 unset CUDA_VISIBLE_DEVICES
 run qcnet_ddp2_p2p_off 100 model=qcnet accel=max dist=ddp dist.devices=2 dist.p2p=off bench.steps=100 bench.val_batches=0 bench.ceiling=false ckpt=none
 run maptr_ddp2 110 model=maptr accel=max dist=ddp dist.devices=2 bench.steps=60 bench.val_batches=0 bench.ceiling=false ckpt=none
