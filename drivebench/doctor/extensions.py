@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import urllib.parse
 from importlib.metadata import distributions
 
 from drivebench.doctor.context import DoctorContext
@@ -41,7 +42,7 @@ def mmcv_built_for() -> str | None:
         text = importlib.metadata.distribution("mmcv").read_text("direct_url.json")
     except importlib.metadata.PackageNotFoundError:
         return None
-    url = json.loads(text).get("url", "") if text else ""
+    url = urllib.parse.unquote(json.loads(text).get("url", "")) if text else ""
     match = re.search(r"/cp\d+-torch([^/]+)-(cpu|cuda[\d.]+)/mmcv-[^/]+\.whl$", url)
     return f"torch {match.group(1)} ({match.group(2)} ops)" if match else None
 

@@ -1,0 +1,122 @@
+"""An mmdet3d model inside drivebench's LightningModule contract.
+
+* :class:`MMDet3DNet` holds the model built by mmdet3d's registry; ``forward`` returns its loss
+  dict (``mode='loss'``), ``compile_units`` names the dense parts (backbones, necks, heads) that
+  ``accel.compile`` may compile (voxel encoders and scatters have data-dependent shapes).
+* :class:`MMDet3DModule` runs the model's ``data_preprocessor`` (voxelisation, padding) as the
+  device-side preprocessing step (timed as ``gpu_preprocess``), sums the losses with the model's
+  own ``parse_losses``, and by default builds the optimizer, its parameter groups, the gradient
+  clipping and the LR schedulers from the config's ``optim_wrapper`` / ``param_scheduler``, as
+  mmengine's runner would, so the two runners train the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from drivebench.errors import ConfigError
+from drivebench.lit.base import DriveModule
+from drivebench.openmmlab import register_mmdet3d
+from drivebench.openmmlab.configs import load_config
+
+COMPILE_SUFFIXES = ("backbone", "neck", "bbox_head")
+
+
+class MMDet3DNet(nn.Module):
+    """The mmdet3d model plus the parts of its config that training needs (optimizer, schedules)."""
+
+    def __init__(self, model: nn.Module, optim_wrapper: dict, param_scheduler: list[dict], source: dict) -> None:
+        super().__init__()
+        self.model = model
+        self.optim_wrapper_cfg = optim_wrapper
+        self.param_scheduler_cfg = param_scheduler
+        self.source = source  # config path, preset and overrides, for the summary
+
+    def preprocess(self, batch: dict, training: bool) -> dict:
+        """The model's data_preprocessor: device cast, voxelisation, padding (and batch augments)."""
+        return self.model.data_preprocessor(batch, training)
+
+    def forward(self, batch: dict) -> dict[str, Any]:
+        return self.model(**batch, mode="loss")
+
+    def compile_units(self) -> dict[str, nn.Module]:
+        return {name: m for name, m in self.model.named_children() if name.endswith(COMPILE_SUFFIXES)}
+
+
+def build_net(config: str, preset: str = "config", cfg_options: dict | None = None) -> MMDet3DNet:
+    """Build ``config``'s model through mmdet3d's registry and initialise its weights (as the runner does)."""
+    register_mmdet3d()
+    from mmdet3d.registry import MODELS
+
+    cfg = load_config(config, preset, cfg_options)
+    model = MODELS.build(cfg.model)
+    if hasattr(model, "init_weights"):
+        model.init_weights()
+    optim = cfg.get("optim_wrapper")
+    if optim is None:
+        raise ConfigError(f"{config}: the config has no optim_wrapper; set model.optimizer to a torch optimizer")
+    scheds = cfg.get("param_scheduler") or []
+    if isinstance(scheds, dict):
+        scheds = [scheds]
+    return MMDet3DNet(model, optim.to_dict() if hasattr(optim, "to_dict") else dict(optim),
+                      [dict(s) for s in scheds], dict(cfg._drivebench))
+
+
+class MMDet3DModule(DriveModule):
+    """Train an :class:`MMDet3DNet`. ``optimizer``/``scheduler`` None: the config's (as mmengine builds them)."""
+
+    def __init__(self, net: MMDet3DNet, optimizer: Callable | None = None, scheduler: Callable | None = None,
+                 scheduler_interval: str = "step", device_transform: Callable | None = None) -> None:
+        super().__init__(net, optimizer, scheduler, scheduler_interval)
+        if device_transform is not None:
+            raise ConfigError("model=mmdet3d preprocesses with the config's data_preprocessor; "
+                              "accel.device_transform does not apply")
+        self.device_transform = self._preprocess  # base class times it as gpu_preprocess
+        clip = (net.optim_wrapper_cfg or {}).get("clip_grad") or None
+        if clip and float(clip.get("norm_type", 2)) != 2.0:
+            raise ConfigError(f"optim_wrapper.clip_grad={clip}: drivebench clips by the 2-norm only")
+        self.clip_grad = clip
+
+    def _preprocess(self, batch: dict) -> dict:
+        return self.net.preprocess(batch, self.training)
+
+    # ---- DriveModule contract -----------------------------------------------------------------
+    def compute_loss(self, batch: Any, outputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        loss, log_vars = self.net.model.parse_losses(outputs)
+        return {"loss": loss, **{k: v for k, v in log_vars.items() if k != "loss"}}
+
+    def batch_size(self, batch: Any) -> int:
+        return len(batch["data_samples"])
+
+    # ---- optimisation from the config ---------------------------------------------------------
+    def configure_optimizers(self) -> Any:
+        if self.optimizer_factory is not None:
+            return super().configure_optimizers()
+        from mmengine.optim import build_optim_wrapper
+        from mmengine.registry import PARAM_SCHEDULERS
+
+        wrapper = {k: v for k, v in self.net.optim_wrapper_cfg.items() if k not in ("dtype", "loss_scale")}
+        wrapper["type"] = "OptimWrapper"  # precision is accel.precision's job (Lightning's plugin)
+        wrapper.pop("clip_grad", None)  # clipped in configure_gradient_clipping
+        optimizer = build_optim_wrapper(self.net.model, wrapper).optimizer
+        if self.scheduler_factory is not None:
+            scheduler = self.scheduler_factory(optimizer)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}
+        schedulers = []
+        for spec in self.net.param_scheduler_cfg:
+            sched = PARAM_SCHEDULERS.build({**spec, "optimizer": optimizer})
+            schedulers.append({"scheduler": sched, "interval": "epoch" if sched.by_epoch else "step"})
+        return [optimizer], schedulers
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        scheduler.step()  # mmengine's ParamScheduler: step() like torch's, without the metric
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: Any = None,
+                                    gradient_clip_algorithm: Any = None) -> None:
+        if gradient_clip_val is None and self.clip_grad:
+            gradient_clip_val, gradient_clip_algorithm = float(self.clip_grad["max_norm"]), "norm"
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                            gradient_clip_algorithm=gradient_clip_algorithm)

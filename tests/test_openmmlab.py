@@ -1,0 +1,210 @@
+"""The OpenMMLab bridge with the real stack (mmcv 2.1.0 with CPU ops, mmdet 3.3.0, mmdet3d 1.4.0):
+a tiny PointPillars (mmdet3d's nuScenes config) trained under drivebench and under mmengine's runner
+on the embedded nuScenes set, the report putting both side by side, the doctor listing the ops, and
+the errors a user meets. The session installs the stack if it is missing (tests/openmmlab_setup.py).
+The installer's pure parts (C++ standard patch, cache layout, the extra) are tested without it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from drivebench.errors import ConfigError
+from tests.conftest import REPO, run_cli
+
+CONFIG = "pointpillars_hv_fpn_sbn-all_8xb4-2x_nus-3d"
+TINY = ["model=mmdet3d", f"model.config={CONFIG}", "model.size=tiny", "data.size=mini"]
+
+
+# ---- the installer's pure parts (no OpenMMLab needed) -----------------------------------------------
+def test_cxx_standard_patch_only_for_torch_2_14_and_only_gcc_flags(tmp_path: Path):
+    from drivebench.openmmlab.install import InstallError, patch_cxx_standard
+
+    setup = tmp_path / "setup.py"
+    text = ("extra_compile_args['cxx'] = ['-std=c++14']\nextra_compile_args['cxx'] = ['-std=c++17']\n"
+            "extra_compile_args['cxx'] = ['/std:c++17']\n")
+    setup.write_text(text)
+    assert patch_cxx_standard(setup, "2.13.0+cpu") == 0 and setup.read_text() == text
+    assert patch_cxx_standard(setup, "2.14.1+cu130") == 2
+    assert setup.read_text().count("-std=c++20") == 2 and "/std:c++17" in setup.read_text()
+    setup.write_text("nothing to patch\n")
+    with pytest.raises(InstallError, match="patch it by hand"):
+        patch_cxx_standard(setup, "2.15.0")
+
+
+def test_wheel_cache_is_keyed_by_python_torch_and_ops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import sys
+
+    import torch
+
+    from drivebench.openmmlab import install
+
+    monkeypatch.setenv("DRIVEBENCH_CACHE", str(tmp_path))
+    path = install.wheel_dir()
+    assert path.parent == tmp_path / "wheels"
+    assert path.name == f"cp{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}-" + (
+        f"cuda{torch.version.cuda}" if install.torch_info()[2] else "cpu")
+
+
+def test_extra_lists_the_light_dependencies_and_not_open3d():
+    from drivebench.openmmlab.install import extra_requirements
+
+    reqs = extra_requirements()
+    names = {r.split("=")[0].split(">")[0].split("<")[0].strip() for r in reqs}
+    assert {"mmengine", "mmdet", "trimesh", "numba", "terminaltables"} <= names, reqs
+    assert "open3d" not in names and "mmdet3d" not in names  # mmdet3d comes --no-deps from the installer
+
+
+def test_missing_stack_is_one_config_error_naming_the_installer(monkeypatch: pytest.MonkeyPatch):
+    import importlib.util
+
+    import drivebench.openmmlab as om
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mmdet3d" else real(name, *a))
+    with pytest.raises(ConfigError) as err:
+        om.require()
+    text = str(err.value)
+    assert "\n" not in text and "mmdet3d" in text and "python -m drivebench.openmmlab.install" in text
+
+
+# ---- configs, presets, errors ------------------------------------------------------------------------
+@pytest.mark.openmmlab
+@pytest.mark.usefixtures("openmmlab_stack")
+def test_config_names_resolve_and_unknown_names_list_close_matches():
+    from drivebench.openmmlab.configs import list_configs, resolve_config
+
+    path = resolve_config(CONFIG)
+    assert path.name == f"{CONFIG}.py" and "_base_" not in path.parts
+    assert CONFIG in list_configs("pointpillars")
+    with pytest.raises(ConfigError, match="close matches: .*pointpillars_hv_fpn_sbn-all_8xb4-2x_nus-3d"):
+        resolve_config("pointpillars_hv_fpn_sbn-all_8xb4-2x_nus3d")
+    with pytest.raises(ConfigError, match="no such file"):
+        resolve_config("/nowhere/config.py")
+
+
+@pytest.mark.openmmlab
+@pytest.mark.usefixtures("openmmlab_stack")
+def test_tiny_preset_keeps_pointpillars_consistent_and_user_options_win():
+    from drivebench.openmmlab.configs import load_config
+    from drivebench.openmmlab.module import build_net
+
+    full = load_config(CONFIG, "config")
+    tiny = load_config(CONFIG, "tiny", {"model.pts_bbox_head.feat_channels": 32})
+    assert full.model.pts_middle_encoder.output_shape == [400, 400]
+    assert tiny.model.pts_middle_encoder.output_shape == [100, 100]
+    assert tiny.model.data_preprocessor.voxel_layer.voxel_size == tiny.model.pts_voxel_encoder.voxel_size == [1.0, 1.0, 8]
+    assert tiny.model.pts_neck.in_channels == tiny.model.pts_backbone.out_channels == [16, 32, 64]
+    assert tiny.model.pts_bbox_head.feat_channels == 32  # cfg_options after the preset
+    assert tiny.param_scheduler[0].end == 10 and full.param_scheduler[0].end == 1000
+    n_full = sum(p.numel() for p in build_net(CONFIG, "config").parameters())
+    n_tiny = sum(p.numel() for p in build_net(CONFIG, "tiny").parameters())
+    assert n_tiny < n_full / 10, (n_tiny, n_full)
+
+
+@pytest.mark.openmmlab
+@pytest.mark.usefixtures("openmmlab_stack")
+def test_cli_errors_are_one_line(drivebench_cache: Path, tmp_path: Path):
+    proc = run_cli(["model=mmdet3d", "model.config=pointpilars_nus", f"hydra.run.dir={tmp_path / 'a'}"],
+                   drivebench_cache)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("drivebench: error: model.config='pointpilars_nus' is not an mmdet3d config")
+    assert "close matches: pointpillars" in line
+    proc = run_cli(["model=mmdet3d", "model.size=tiny", "model.config=pointpillars_hv_secfpn_8xb6-160e_kitti-3d-car",
+                    f"hydra.run.dir={tmp_path / 'b'}"], drivebench_cache)
+    line = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "KittiDataset" in line and "data.dataset=config" in line, proc.stderr[-2000:]
+    proc = run_cli(["model=mmdet3d", "model.size=tiny", "model.config=second_hv_secfpn_8xb6-80e_kitti-3d-car",
+                    f"hydra.run.dir={tmp_path / 'c'}"], drivebench_cache)
+    line = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "SparseEncoder" in line and "model.size=config" in line, proc.stderr[-2000:]
+    proc = run_cli([*TINY, "bench=mmengine", "dist=ddp", f"hydra.run.dir={tmp_path / 'd'}"], drivebench_cache)
+    assert proc.returncode == 2 and "dist=single" in proc.stderr, proc.stderr[-2000:]
+
+
+# ---- training under drivebench and under mmengine ------------------------------------------------------
+@pytest.fixture(scope="module")
+def runs(drivebench_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One drivebench run and one mmengine run of the same tiny config, data and batch size."""
+    root = tmp_path_factory.mktemp("openmmlab-runs")
+    common = [*TINY, "accel=none", "bench.warmup_steps=2", "bench.steps=30"]
+    for name, extra in (("drivebench", ["bench.val_batches=2", "bench.ceiling_steps=3", "bench.ceiling_warmup_steps=1"]),
+                        ("mmengine", ["bench=mmengine"])):
+        proc = run_cli([*common, *extra, f"hydra.run.dir={root / name}"], drivebench_cache)
+        assert proc.returncode == 0, f"{name}: {proc.stderr[-4000:]}"
+        assert "drivebench run summary" in proc.stdout
+    return root
+
+
+@pytest.mark.openmmlab
+@pytest.mark.usefixtures("openmmlab_stack")
+def test_tiny_pointpillars_trains_under_drivebench(runs: Path):
+    s = json.loads((runs / "drivebench" / "summary.json").read_text())
+    assert s["run"]["status"] == "completed" and s["run"]["model"] == "mmdet3d" and s["run"]["bench"] == "train"
+    assert s["data"]["name"] == "mmdet3d" and s["data"]["dataset_type"] == "NuScenesDataset"
+    assert s["data"]["nuscenes"]["embedded"] is True and s["data"]["train_samples"] == 10
+    train = s["train"]
+    assert train["steps_measured"] == 30 and train["samples_per_s"] > 0
+    assert train["gpu_preprocess_s"]["median"] > 0  # the data_preprocessor (voxelisation) is timed
+    assert s["loss"]["final"] < 0.9 * s["loss"]["first"] and s["loss"]["nonfinite_steps"] == 0, s["loss"]
+    assert s["ceiling"]["steps_measured"] == 3 and s["efficiency"] > 0
+    assert s["val"]["loss"] > 0 and "loss_cls" in s["val"]
+    assert 1e4 < s["settings"]["parameters"] < 5e5  # the tiny size
+    assert (runs / "drivebench" / "checkpoints").is_dir() and any((runs / "drivebench" / "checkpoints").iterdir())
+
+
+@pytest.mark.openmmlab
+@pytest.mark.usefixtures("openmmlab_stack")
+def test_bench_mmengine_runs_the_same_config_with_mmengines_runner(runs: Path):
+    s = json.loads((runs / "mmengine" / "summary.json").read_text())
+    d = json.loads((runs / "drivebench" / "summary.json").read_text())
+    assert s["run"]["bench"] == "mmengine" and s["run"]["runner"] == "mmengine" and s["run"]["status"] == "completed"
+    train = s["train"]
+    assert train["steps_measured"] == 30 and train["warmup_steps"] == 2 and train["samples_per_s"] > 0
+    assert train["gpu_preprocess_s"]["median"] > 0 and train["data_wait_s"]["median"] > 0
+    mm = s["settings"]["mmengine"]
+    assert mm["iterations"] == 32 and mm["train_dataloader"]["num_workers"] == 0
+    assert mm["train_dataloader"]["batch_size"] == d["settings"]["batch_size"] == 4
+    assert mm["optim_wrapper"] == "OptimWrapper"
+    assert s["loss"]["final"] < 0.9 * s["loss"]["first"], s["loss"]
+    # the same model, initialised by the same seed: the first losses agree closely
+    assert s["loss"]["first"] == pytest.approx(d["loss"]["first"], rel=0.25)
+    assert list((runs / "mmengine" / "mmengine").rglob("*.log")), "mmengine's own log"
+
+
+@pytest.mark.openmmlab
+@pytest.mark.usefixtures("openmmlab_stack")
+def test_report_puts_both_runners_side_by_side(runs: Path):
+    from drivebench.report.analysis import analyse
+    from drivebench.report.loading import load_runs
+
+    table = analyse(load_runs([runs]).runs, load_runs([runs]).scalars, [])
+    assert sorted(table["runner"]) == ["drivebench", "mmengine"]
+    assert sorted(table["setting_key"]) == ["mmengine none", "none"]
+    assert table["bench"].nunique() == 1  # one comparison group
+    mm = table[table["runner"] == "mmengine"].iloc[0]
+    assert mm["speedup"] == pytest.approx(mm["throughput_median"] / table[table["runner"] == "drivebench"]
+                                          .iloc[0]["throughput_median"])
+
+
+# ---- the doctor -------------------------------------------------------------------------------------------
+@pytest.mark.openmmlab
+@pytest.mark.usefixtures("openmmlab_stack")
+def test_doctor_lists_the_compiled_ops_and_the_torch_they_were_built_for():
+    import torch
+
+    from drivebench.doctor import extensions
+    from drivebench.doctor.context import build_context
+    from drivebench.doctor.result import Status
+
+    result = extensions.mmcv_check(build_context([], skip_slow=True))
+    assert result.status is Status.PASS, result.saw
+    data = result.data
+    assert data["ops"] is True and data["op_functions"] > 100
+    assert {"nms", "hard_voxelize", "iou3d_nms3d"} <= set(data["op_names"]), data["op_names"]
+    assert data["cpu_ops_run"] == ["nms", "voxelization"]
+    assert data["built_for"] == f"torch {torch.__version__} (cpu ops)", data["built_for"]
+    assert "compiled ops" in result.saw and torch.__version__ in result.saw
