@@ -111,6 +111,21 @@ def test_repeats_are_labelled_and_settings_follow_the_sweep_order(tmp_path):
     assert changes[1] == "(nothing changed on this machine)"
 
 
+def test_same_setting_under_two_benches_plots_in_separate_panels(tmp_path):
+    from drivebench.report.plots import throughput_figure
+
+    write_run(tmp_path / "train", machine=CPU, accel="max", throughput=5.0)
+    loader = write_run(tmp_path / "loader", machine=CPU, accel="max", throughput=50.0)
+    summary = json.loads((loader / "summary.json").read_text())
+    summary["run"]["bench"] = "loader"
+    (loader / "summary.json").write_text(json.dumps(summary))
+    _, runs = analysed([tmp_path], [])
+    assert runs["setting_key"].tolist() == ["max", "max"]  # one per group: no repeat label
+    fig = throughput_figure(runs)  # raised "cannot reindex on an axis with duplicate labels" before
+    titles = sorted(ax.get_title() for ax in fig.axes if ax.get_visible())
+    assert len(titles) == 2 and any("bench loader" in t for t in titles)
+
+
 def test_ceiling_only_runs_report_the_ceiling_throughput(tmp_path):
     run = write_run(tmp_path / "ceiling", machine=CPU)
     summary = json.loads((run / "summary.json").read_text())

@@ -25,7 +25,12 @@ DPI = 110
 
 
 def _panels(runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """One panel per model and size, split further by data and bench when the runs mix them (a
+    setting may then repeat across panels, never inside one, where it labels one bar per machine)."""
     keys = runs["model"].astype(str) + " (" + runs["model_size"].astype(str) + ")"
+    for column in ("data", "bench"):
+        if column in runs and runs[column].nunique(dropna=False) > 1:
+            keys = keys + f", {column} " + runs[column].astype(str)
     return [(key, runs[keys == key]) for key in dict.fromkeys(keys)]
 
 
