@@ -7,6 +7,7 @@ from omegaconf import DictConfig
 
 from drivebench.cli import pop_local_rank, quote_storage_dirs
 from drivebench.dist import external_rank_overrides
+from drivebench.exit_watchdog import arm_exit_watchdog, exit_timeout_from_env
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
@@ -18,4 +19,7 @@ def _main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     sys.argv = [sys.argv[0], *quote_storage_dirs(pop_local_rank(sys.argv[1:])), *external_rank_overrides()]
-    _main()
+    try:
+        _main()
+    finally:  # also after a failed run: an exit that hangs is never better
+        arm_exit_watchdog(exit_timeout_from_env())
