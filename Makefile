@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: setup run test clean-cache
+.PHONY: setup run test openmmlab clean-cache
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,9 @@ run: setup                 ## the main job: a bounded QCNet benchmark on the emb
 
 test: setup                ## the test suite (CPU only; what .ci/run calls)
 	$(PY) -m pytest -q $(ARGS)
+
+openmmlab: setup           ## model=mmdet3d / bench=mmengine: build mmcv once (cached), install the OpenMMLab stack
+	$(PY) -m drivebench.openmmlab.install
 
 clean-cache:               ## delete generated datasets and preprocessing caches
 	rm -rf $${DRIVEBENCH_CACHE:-$$HOME/.cache/drivebench}

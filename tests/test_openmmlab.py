@@ -186,8 +186,17 @@ def test_report_puts_both_runners_side_by_side(runs: Path):
     assert sorted(table["setting_key"]) == ["mmengine none", "none"]
     assert table["bench"].nunique() == 1  # one comparison group
     mm = table[table["runner"] == "mmengine"].iloc[0]
-    assert mm["speedup"] == pytest.approx(mm["throughput_median"] / table[table["runner"] == "drivebench"]
-                                          .iloc[0]["throughput_median"])
+    db = table[table["runner"] == "drivebench"].iloc[0]
+    assert mm["speedup"] == pytest.approx(mm["throughput_median"] / db["throughput_median"])
+
+    from drivebench.openmmlab.compare import main as compare_main
+
+    assert compare_main([str(runs)]) == 0
+    result = json.loads((runs / "compare.json").read_text())
+    (row,) = result["rows"]
+    assert row["accel"] == "none" and row["mmengine"]["runs"] == row["drivebench"]["runs"] == 1
+    assert row["drivebench_over_mmengine"] == pytest.approx(db["throughput_median"] / mm["throughput_median"])
+    assert "drivebench / mmengine" in (runs / "compare.md").read_text()
 
 
 # ---- the doctor -------------------------------------------------------------------------------------------

@@ -125,6 +125,8 @@ class DriveDataModule(pl.LightningDataModule):
     def _build(self, split: str, train: bool) -> Dataset:
         dataset = self.source.dataset(split, self.transform, accel=self.accel, train=train, progress=self.progress)
         if not (train and self.accel.shm_cache and hasattr(dataset, "load_raw")):
+            if train and self.accel.shm_cache and not hasattr(self.transform, "cache_stats"):
+                self.cache_info.update(enabled=False, reason="the dataset has no raw-sample hook (load_raw)")
             return dataset
         try:
             cached = SharedSampleCache(dataset, self.accel.shm_cache_max_gb * 2**30, progress=self.progress,

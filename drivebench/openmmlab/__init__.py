@@ -48,6 +48,7 @@ def require(what: str = "model=mmdet3d") -> None:
 UPSTREAM_NOISE = (  # warnings mmdet/mmdet3d raise on every step, about their own code
     r"torch\.meshgrid: in an upcoming release",
     r"DeprecationWarning: pos_bboxes is deprecated",
+    r"dir_offset and dir_limit_offset will be depressed",
 )
 
 
