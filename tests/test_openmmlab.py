@@ -199,6 +199,19 @@ def test_report_puts_both_runners_side_by_side(runs: Path):
     assert "drivebench / mmengine" in (runs / "compare.md").read_text()
 
 
+@pytest.mark.openmmlab
+@pytest.mark.usefixtures("openmmlab_stack")
+def test_two_rank_ddp_on_cpu(drivebench_cache: Path, tmp_path: Path):
+    """dist=ddp (gloo): drivebench's samplers split the mmdet3d dataset; naiveSyncBN all-reduces."""
+    proc = run_cli([*TINY, "accel=none", "dist=ddp", "dist.devices=2", "bench.warmup_steps=1", "bench.steps=4",
+                    "bench.val_batches=0", "bench.ceiling=false", "ckpt=none", f"hydra.run.dir={tmp_path}"],
+                   drivebench_cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["ranks"]["world_size"] == 2 and len(s["ranks"]["per_rank"]) == 2
+    assert s["settings"]["global_batch_size"] == 8 and s["train"]["steps_measured"] == 4
+
+
 # ---- the doctor -------------------------------------------------------------------------------------------
 @pytest.mark.openmmlab
 @pytest.mark.usefixtures("openmmlab_stack")
