@@ -64,6 +64,11 @@ def register_mmdet3d() -> None:
     from mmengine.logging import MMLogger
 
     register_all_modules(init_default_scope=True)
-    MMLogger.get_current_instance().setLevel(logging.WARNING)
+    logger = MMLogger.get_current_instance()
+    logger.setLevel(logging.WARNING)
+    for handler in list(logger.handlers):  # a finished mmengine Runner's log file (multirun: an earlier job)
+        if isinstance(handler, logging.FileHandler):
+            handler.close()
+            logger.removeHandler(handler)
     for pattern in UPSTREAM_NOISE:
         warnings.filterwarnings("ignore", message=pattern)

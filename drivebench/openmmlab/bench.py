@@ -18,6 +18,7 @@ ones it has not (shared-memory cache, gc_freeze, channels-last, device prefetch)
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -242,7 +243,13 @@ class MMEngineBench(TrainBench):
         runner.register_hook(hook)
         if run.machine.accelerator == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        runner.train()
+        try:
+            runner.train()
+        finally:  # the runner's log file stays attached to mmengine's global logger otherwise
+            for handler in list(runner.logger.handlers):
+                if isinstance(handler, logging.FileHandler):
+                    handler.close()
+                    runner.logger.removeHandler(handler)
         self.is_global_zero = True
         summary["train"] = phase_stats(hook.times, monitor)
         summary["loss"] = loss_summary(hook.times.records)
