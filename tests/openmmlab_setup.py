@@ -1,6 +1,6 @@
 """The OpenMMLab stack for the ``openmmlab`` tests: installed by the test session itself, never skipped.
 
-Why here: CI runs ``make test`` on a fresh clone, where mmcv must be compiled (~10-15 min on 2
+Why here: CI runs ``make test`` on a fresh clone, where mmcv must be compiled (about 7 min on 2 idle
 cores; the wheel is then cached outside the clone). When tests marked ``openmmlab`` are collected
 and the stack does not import, the installer starts in the background at collection (niced, so it
 takes only the CPU the rest of the suite leaves idle), the ``openmmlab`` tests are moved to the end,
@@ -60,7 +60,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     _STATE["log"] = log
     _STATE["started"] = time.perf_counter()
     _say(config, f"the OpenMMLab stack is not usable here ({detail}); installing it in the background "
-                 f"(first time: builds mmcv, ~10-15 min on 2 cores; log: {log}). Its {len(wanted)} tests run last.")
+                 f"(first time: builds mmcv, about 7 min of 2 idle cores; log: {log}). Its {len(wanted)} tests run last.")
 
 
 @pytest.fixture(scope="session")

@@ -41,8 +41,8 @@ def require(what: str = "model=mmdet3d") -> None:
     missing = missing_packages()
     if missing:
         raise ConfigError(f"{what} needs the OpenMMLab stack (mmcv {MMCV_VERSION} with compiled ops, mmdet "
-                          f"{MMDET_VERSION}, mmdet3d {MMDET3D_VERSION}); missing: {', '.join(missing)}. "
-                          f"Install it with `{INSTALL_COMMAND}` (builds mmcv once, ~15 min on 2 cores; cached)")
+                          f"{MMDET_VERSION}, mmdet3d {MMDET3D_VERSION}); missing: {', '.join(missing)}. Install "
+                          f"it with `{INSTALL_COMMAND}` (builds mmcv once, about 7 min on 2 idle cores; cached)")
 
 
 UPSTREAM_NOISE = (  # warnings mmdet/mmdet3d raise on every step, about their own code
