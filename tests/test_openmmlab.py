@@ -48,6 +48,26 @@ def test_wheel_cache_is_keyed_by_python_torch_and_ops(tmp_path: Path, monkeypatc
         f"cuda{torch.version.cuda}" if install.torch_info()[2] else "cpu")
 
 
+def test_a_failed_install_step_names_itself_and_shows_its_last_lines(monkeypatch, capsys, tmp_path: Path):
+    import sys
+
+    from drivebench.openmmlab import install
+
+    log = tmp_path / "step.log"
+    with pytest.raises(install.InstallError) as err:
+        install.run([sys.executable, "-c", "print('line one'); print('fatal: no space'); raise SystemExit(3)"],
+                    log=log, what="building mmcv 2.1.0")
+    text = str(err.value)
+    assert text.startswith("building mmcv 2.1.0 failed (exit 3)") and "fatal: no space" in text and str(log) in text
+
+    def broken(**_):
+        raise install.InstallError("no C++ compiler found: install one (Debian/Ubuntu: `apt-get install g++`)")
+
+    monkeypatch.setattr(install, "install", broken)
+    assert install.main([]) == 1
+    assert "[openmmlab] error: no C++ compiler found" in capsys.readouterr().err
+
+
 def test_extra_lists_the_light_dependencies_and_not_open3d():
     from drivebench.openmmlab.install import extra_requirements
 

@@ -93,7 +93,11 @@ def run(cmd: list[str], log: Path | None = None, env: dict[str, str] | None = No
             if log is not None:
                 out.close()
         if proc.returncode != 0:
-            text = log.read_text(errors="replace") if log is not None else (buf.seek(0) or buf.read())
+            if log is not None:
+                text = log.read_text(errors="replace")
+            else:
+                buf.seek(0)
+                text = buf.read()
             tail = "\n".join(text.splitlines()[-25:])
             raise InstallError(f"{what or cmd[0]} failed (exit {proc.returncode}):\n{tail}"
                                + (f"\nfull log: {log}" if log is not None else ""))
@@ -125,7 +129,7 @@ def extra_requirements() -> list[str]:
                 reqs.append(line.split(";")[0].strip())
     except importlib.metadata.PackageNotFoundError:
         pass
-    if not reqs and (REPO / "pyproject.toml").exists():
+    if not reqs and (REPO / "pyproject.toml").exists() and sys.version_info >= (3, 11):
         import tomllib
 
         data = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -237,7 +241,10 @@ def build_wheel(dest: Path, jobs: int) -> Path:
         pip("install", "-q", "--target", str(tools), *BUILD_TOOLS, log=log, what="installing the build tools")
         sdist = fetch_sdist(dest.parent / "src", tools, log)
         with tarfile.open(sdist) as tar:
-            tar.extractall(tmp, filter="data")
+            try:
+                tar.extractall(tmp, filter="data")
+            except TypeError:  # Python < 3.10.12 / 3.11.4: no extraction filters
+                tar.extractall(tmp)
         src = Path(tmp) / f"mmcv-{MMCV_VERSION}"
         patched = patch_cxx_standard(src / "setup.py", version)
         flavour = f"CPU + CUDA {cuda} ops" if with_cuda else "CPU ops"
