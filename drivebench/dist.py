@@ -144,6 +144,8 @@ def check_launch_env(environ: dict[str, str] | None = None) -> None:
     the rendezvous until ``dist.timeout_minutes``.
     """
     env = os.environ if environ is None else environ
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return  # a later phase of a running job (ceiling, validation): its ranks exist, Lightning set LOCAL_RANK
     if "LOCAL_RANK" in env and "WORLD_SIZE" not in env:
         raise ConfigError(f"LOCAL_RANK={env['LOCAL_RANK']} is set (or --local_rank was given) but no launcher "
                           "started the other ranks (WORLD_SIZE is not set); unset LOCAL_RANK to let Lightning "

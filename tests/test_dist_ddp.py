@@ -159,6 +159,21 @@ def test_lightning_ddp_one_summary_disjoint_samples_and_p2p_off(drivebench, tmp_
     assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", "__main__.log", "summary.json"]
 
 
+def test_ddp_runs_every_phase_train_ceiling_and_validation(drivebench, tmp_path):
+    """The default bench runs three Trainers in one job; the later two must reuse the job's ranks
+    (they once stopped with a ConfigError: Lightning leaves LOCAL_RANK set after the first fit)."""
+    run_dir = tmp_path / "run"
+    phases = [o for o in RUN if not o.startswith(("bench.val_batches", "bench.ceiling"))]
+    phases += ["bench.val_batches=2", "bench.ceiling_steps=2", "bench.ceiling_warmup_steps=1"]
+    result, probe, _ = drivebench([*phases, *DDP, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    check_ranks(summary)
+    assert summary["ceiling"]["global_samples_per_s"] > 0 and summary["efficiency"] > 0
+    assert "loss" in summary["val"]
+    assert sorted(r["rank"] for r in records(probe, "pg")) == [0, 1]  # the group was set up once per rank
+
+
 def test_torchrun_one_run_dir_under_outputs_root(drivebench, tmp_path):
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     result, probe, _ = drivebench([*RUN, "dist=ddp", "dist.p2p=NVL"], cwd=tmp_path, launcher=launcher)
