@@ -110,6 +110,10 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     validate(cfg)
     p2p = apply_p2p(cfg.dist.get("p2p", "auto"), cache_dir=cfg.paths.cache) if cfg.dist.strategy == "ddp" else {}
     machine = detect_machine(cfg.machine.accelerator)
+    if cfg.machine.accelerator == "gpu" and machine.accelerator != "cuda":
+        log.warning("machine=%s describes a GPU machine but this one has no usable GPU: the run goes on here on "
+                    "the CPU (the profile is for dispatching jobs to that machine: hydra/launcher=drivebench_slurm)",
+                    cfg.machine.name)
     accel = AccelSettings.resolve(OmegaConf.to_container(cfg.accel, resolve=True), machine)
     accel.apply_global_flags()
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
