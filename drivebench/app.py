@@ -30,7 +30,7 @@ from drivebench.errors import ConfigError
 from drivebench.lit.base import DriveModule
 from drivebench.models.registry import get_spec
 from drivebench.perf.machine import MachineInfo, detect_machine
-from drivebench.secrets import redact_text, scrub_hydra_dir, secret_values
+from drivebench.secrets import redact, redact_text, scrub_hydra_dir, secret_values
 
 log = logging.getLogger("drivebench")
 
@@ -138,6 +138,7 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
         net=net, optimizer=build(cfg.model.optimizer), scheduler=scheduler,
         scheduler_interval=cfg.model.get("scheduler_interval", "step"), device_transform=device_transform,
     )
+    module.run_config = redact(OmegaConf.to_container(cfg, resolve=True))
     run = Run(cfg=cfg, machine=machine, accel=accel, output_dir=output_dir, datamodule=datamodule,
               module=module, compiled_units=compiled, p2p=p2p)
     run.trainer_kwargs()  # validates dist.devices / backend against this machine before any work

@@ -137,3 +137,21 @@ def test_credentials_absent_from_every_file_of_a_run(tmp_path_factory, tmp_path)
     assert SECRET not in proc.stdout + proc.stderr and KEY not in proc.stdout + proc.stderr
     assert result["config"]["ckpt"]["storage_options"] == {"secret": REDACTED, "key": REDACTED}
     assert f"+ckpt.storage_options.secret={REDACTED}" in result["run"]["command"]
+
+
+def test_checkpoints_carry_the_resolved_config_without_credentials(tmp_path_factory, tmp_path):
+    import torch
+
+    cache = shared_cache(tmp_path_factory)
+    run_dir = tmp_path / "run"
+    ckpt_dir = run_dir / "ckpts"
+    train(run_dir, cache, "ckpt=remote", f"ckpt.dir=file://{ckpt_dir}", "ckpt.every_n_steps=2",
+          f"+ckpt.storage_options.secret={SECRET}", steps=2)
+    saved = sorted(ckpt_dir.glob("*.ckpt"))
+    assert saved, f"no checkpoint in {ckpt_dir}"
+    for path in saved:
+        assert SECRET.encode() not in path.read_bytes(), f"credential in {path}"
+    config = torch.load(saved[-1], weights_only=True)["drivebench_config"]  # loads as plain data
+    assert config["model"]["name"] == "qcnet" and config["ckpt"]["dir"] == f"file://{ckpt_dir}"
+    assert config["ckpt"]["storage_options"] == {"secret": REDACTED}
+    assert config["bench"]["steps"] == 2

@@ -20,6 +20,7 @@ from drivebench.data.device_prefetch import READY_KEY
 from drivebench.perf.ceiling import ResidentBatch
 from drivebench.perf.spans import SPANS
 
+CONFIG_KEY = "drivebench_config"  # the checkpoint entry holding the run's resolved, redacted config
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 
@@ -56,6 +57,9 @@ class DriveModule(pl.LightningModule):
         self.scheduler_interval = scheduler_interval
         self.no_weight_decay = tuple(no_weight_decay)
         self.device_transform = device_transform
+        # the run's resolved config (credentials redacted), written into every checkpoint so that a
+        # checkpoint says what produced it; set by drivebench.app.build_run
+        self.run_config: dict[str, Any] | None = None
 
     # ---- subclass contract -------------------------------------------------------------------
     def compute_loss(self, batch: Any, outputs: Any) -> dict[str, torch.Tensor]:
@@ -103,6 +107,10 @@ class DriveModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         for name, value in self.compute_metrics().items():
             self.log(f"val/{name}", float(value), sync_dist=True)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.run_config is not None:
+            checkpoint[CONFIG_KEY] = self.run_config
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         SPANS.mark("fetched")
