@@ -120,10 +120,10 @@ class DriveModule(pl.LightningModule):
         """Host batch -> device batch (``img_jpeg`` stays on the host); also used by the prefetch thread."""
         # JPEG bytes are read by the decoder on the host (nvjpeg takes host buffers): copying them
         # to the device only to copy them back would cost a blocking device-to-host copy each
-        host_only = batch.pop("img_jpeg", None) if isinstance(batch, dict) else None
-        moved = move_data_to_device(batch, device)
-        if host_only is not None:
-            moved["img_jpeg"] = host_only
+        if not (isinstance(batch, dict) and "img_jpeg" in batch):
+            return move_data_to_device(batch, device)
+        moved = move_data_to_device({k: v for k, v in batch.items() if k != "img_jpeg"}, device)
+        moved["img_jpeg"] = batch["img_jpeg"]
         return moved
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
@@ -131,7 +131,7 @@ class DriveModule(pl.LightningModule):
             return batch
         if isinstance(batch, ResidentBatch):  # the ceiling phase: move and preprocess once, then reuse
             if batch.device_batch is None or batch.device != device:
-                moved = super().transfer_batch_to_device(batch.host, device, dataloader_idx)
+                moved = self.move_batch(batch.host, device)
                 batch.device_batch = self.device_transform(moved) if self.device_transform else moved
                 batch.device = device
             self._resident_device_batch = batch.device_batch
