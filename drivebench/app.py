@@ -20,6 +20,7 @@ import lightning.pytorch as pl
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from drivebench.accel.compile import apply_compile, to_channels_last
 from drivebench.accel.settings import AccelSettings
@@ -138,11 +139,20 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
         net=net, optimizer=build(cfg.model.optimizer), scheduler=scheduler,
         scheduler_interval=cfg.model.get("scheduler_interval", "step"), device_transform=device_transform,
     )
-    module.run_config = redact(OmegaConf.to_container(cfg, resolve=True))
+    module.run_config = redact(_plain_config(cfg))
     run = Run(cfg=cfg, machine=machine, accel=accel, output_dir=output_dir, datamodule=datamodule,
               module=module, compiled_units=compiled, p2p=p2p)
     run.trainer_kwargs()  # validates dist.devices / backend against this machine before any work
     return run
+
+
+def _plain_config(cfg: DictConfig) -> dict[str, Any]:
+    """The config as plain data, resolved where it can be (outside a Hydra run, ``${hydra:...}``
+    cannot be: then the interpolations stay as written)."""
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationResolutionError:
+        return OmegaConf.to_container(cfg, resolve=False)
 
 
 def quiet_third_party_noise() -> None:
