@@ -175,11 +175,11 @@ def test_concurrent_callers_wait_for_the_generator(tmp_path: Path) -> None:
     """DDP ranks on one host call ensure_generated together; a lock makes them take turns."""
     import threading
 
-    from drivebench.data.argoverse2.generate import _exclusive
+    from drivebench.locks import exclusive_lock
 
     root = tmp_path / "shared"
     waiter = threading.Thread(target=ensure_generated, args=(root,), kwargs={"size": "mini", "progress": False})
-    with _exclusive(tmp_path / ".shared.lock"):  # another rank is generating
+    with exclusive_lock(tmp_path / ".shared.lock"):  # another rank is generating
         waiter.start()
         waiter.join(timeout=0.5)
         assert waiter.is_alive() and not root.exists(), "must wait for the lock holder"

@@ -9,7 +9,6 @@ order and the shared-memory cache are the same mechanism everywhere.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
@@ -23,6 +22,7 @@ from drivebench.accel.settings import AccelSettings
 from drivebench.accel.shm_cache import CacheDoesNotFit, SharedSampleCache
 from drivebench.data.device_prefetch import DevicePrefetchLoader
 from drivebench.data.sampling import EpochBatchSampler, RandomBatchSampler
+from drivebench.locks import exclusive_lock
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +48,8 @@ def _prepare_lock(cache_dir: Any) -> Iterator[None]:
     if cache_dir is None:
         yield
         return
-    path = Path(cache_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    with open(path / ".prepare.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with exclusive_lock(Path(cache_dir) / ".prepare.lock"):
+        yield
 
 
 def _seed_worker(worker_id: int) -> None:

@@ -21,8 +21,6 @@ the ones it needs to import and train are in the extra.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import importlib.metadata
 import os
 import re
@@ -35,9 +33,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+
 
 from drivebench.openmmlab import MMCV_VERSION, MMDET3D_VERSION, MMDET_VERSION
+from drivebench.locks import exclusive_lock
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_TOOLS = ("setuptools<70", "wheel", "ninja")
@@ -105,18 +104,6 @@ def run(cmd: list[str], log: Path | None = None, env: dict[str, str] | None = No
 
 def pip(*args: str, log: Path | None = None, env: dict[str, str] | None = None, what: str = "") -> None:
     run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], log=log, env=env, what=what or "pip")
-
-
-@contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock: two test sessions or shells never build the same wheel at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # ---- what is there -------------------------------------------------------------------------------
@@ -278,7 +265,7 @@ def install(rebuild: bool = False, wheel_only: bool = False, jobs: int | None = 
     t0 = time.perf_counter()
     dest = wheel_dir()
     jobs = jobs or os.cpu_count() or 2
-    with locked(dest.parent / ".install.lock"):
+    with exclusive_lock(dest.parent / ".install.lock"):
         ok, detail = verify()
         if ok and not rebuild and not wheel_only and not unmet(extra_requirements()):
             say(f"already installed: {detail}")

@@ -13,7 +13,6 @@ is regenerated.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import shutil
@@ -22,7 +21,7 @@ import uuid
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+
 
 import numpy as np
 
@@ -31,6 +30,7 @@ from drivebench.data.argoverse2.format_writer import CityFrame, ScenarioMeta, ma
 from drivebench.data.argoverse2.synthetic_map import NetworkSize, build_network
 from drivebench.data.argoverse2.synthetic_traffic import TrafficSize, generate_tracks
 from drivebench.data.preprocess import pool_context
+from drivebench.locks import exclusive_lock
 
 log = logging.getLogger(__name__)
 
@@ -198,28 +198,11 @@ def ensure_generated(root: Path, size: str = "bench", seed: int = 0, workers: in
     root = Path(root)
     if manifest_matches(root, size, seed):
         return root
-    with _exclusive(root.parent / f".{root.name}.lock"):
+    with exclusive_lock(root.parent / f".{root.name}.lock"):
         if manifest_matches(root, size, seed):
             return root
         log.info("generating the embedded Argoverse 2 set (%s, seed %d) in %s", size, seed, root)
         return generate_av2(root, size=size, seed=seed, workers=workers, progress=progress)
-
-
-@contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """An exclusive advisory lock (POSIX flock); a no-op where fcntl does not exist."""
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        yield
-        return
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _claim_root(root: Path) -> None:

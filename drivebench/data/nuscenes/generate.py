@@ -9,8 +9,6 @@ last, so an interrupted run is detected (no manifest) and redone.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import multiprocessing as mp
 import os
@@ -47,6 +45,7 @@ from drivebench.data.nuscenes.world import (
     matrix_to_quat,
     sensor_rig,
 )
+from drivebench.locks import exclusive_lock
 
 GENERATOR_VERSION = 1
 MANIFEST = "drivebench_manifest.json"
@@ -423,17 +422,6 @@ def read_manifest(root: Path) -> dict | None:
         return None
 
 
-@contextlib.contextmanager
-def _locked(root: Path):
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".drivebench_generate.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _wipe(root: Path, version: str) -> None:
     for name in (*GENERATED_DIRS, version, "v1.0-mini", "v1.0-trainval"):
         shutil.rmtree(root / name, ignore_errors=True)
@@ -460,7 +448,7 @@ def ensure_generated(
     params = _manifest_params(size, seed, preset, image_size)
     if read_manifest(root) == params:
         return root
-    with _locked(root):
+    with exclusive_lock(root / ".drivebench_generate.lock"):
         if read_manifest(root) == params:
             return root
         foreign = (root / preset.version).exists() and not (root / IN_PROGRESS).exists() and read_manifest(root) is None
