@@ -8,7 +8,7 @@ marks around the host-to-device copy) lives here once.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 import lightning.pytorch as pl
 import torch
@@ -174,14 +174,3 @@ class DriveModule(pl.LightningModule):
             return optimizer
         scheduler = self.scheduler_factory(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}
-
-
-def move_to(batch: Any, device: torch.device, non_blocking: bool = True) -> Any:
-    """Recursively move tensors of a nested batch to ``device`` (for benchmarks outside Lightning)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, Mapping):
-        return {k: move_to(v, device, non_blocking) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to(v, device, non_blocking) for v in batch)
-    return batch
