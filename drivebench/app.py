@@ -134,6 +134,8 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     if accel.channels_last:
         to_channels_last(net)
     compiled = apply_compile(net, accel)
+    if device_transform is not None and getattr(device_transform, "compiles", False):
+        compiled.append("device_transform")
     scheduler = build(cfg.model.scheduler) if cfg.model.get("scheduler") else None
     module = build(cfg.model.module)(
         net=net, optimizer=build(cfg.model.optimizer), scheduler=scheduler,

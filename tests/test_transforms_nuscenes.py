@@ -91,6 +91,18 @@ def test_maptr_device_path_matches_the_cpu_path(root, index):
     np.testing.assert_equal([t.numpy() for t in out["gt_map_pts"]], [t.numpy() for t in cpu["gt_map_pts"]])
 
 
+def test_compiled_device_path_matches_the_cpu_path(root, index):
+    """``accel.compile`` compiles the per-pixel chain of the device transform; same numbers."""
+    dev_ds = NuScenesDataset(index, maptr_pipeline(root, device_images=True), seed=3, root=root)
+    cpu = collate([NuScenesDataset(index, maptr_pipeline(root), seed=3, root=root)[i] for i in (1, 7)])
+    transform = maptr_device_transform()
+    transform.compile()
+    assert transform.compiled
+    out = transform(collate([dev_ds[i] for i in (1, 7)]))
+    assert out["img"].shape == cpu["img"].shape
+    assert (out["img"] - cpu["img"]).abs().max().item() < 1e-3
+
+
 def test_device_jpeg_decode_matches_cv2(root, index):
     r = LoadMultiViewImages(mode="bytes")(_results(index, root, 2))
     jpegs = [[torch.from_numpy(b) for b in r["img_jpeg"]]]

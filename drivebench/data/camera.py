@@ -174,7 +174,15 @@ class _DeviceTransform:
         self.accel = accel
         self._fn: Callable[[dict], dict] | None = None
 
+    @property
+    def compiles(self) -> bool:
+        """With ``accel.compile``, the per-pixel chain is compiled (see ``DeviceImageTransform.compile``)."""
+        return self.accel.compile
+
     def __call__(self, batch: dict) -> dict:
         if self._fn is None:
-            self._fn = self.pipeline.make_device_transform(self.accel)
+            fn = self.pipeline.make_device_transform(self.accel)
+            if self.compiles and hasattr(fn, "compile"):
+                fn.compile()  # elementwise work: the default mode fuses it; autotuning has nothing to pick
+            self._fn = fn
         return self._fn(batch)

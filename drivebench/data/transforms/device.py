@@ -155,12 +155,37 @@ class DeviceImageTransform:
         self.pad_divisor = pad_divisor
         self.warp_to = tuple(warp_to) if warp_to else None
         self.scale_before_photometric = scale_before_photometric
+        self._pixels = self._pixels_eager
+        self.compiled = False
 
     def _scale(self, x: torch.Tensor) -> torch.Tensor:
         b, n, c, h, w = x.shape
         oh, ow = int(h * self.scale), int(w * self.scale)
         y = F.interpolate(x.reshape(b * n, c, h, w), size=(oh, ow), mode="bilinear", align_corners=False)
         return y.view(b, n, c, oh, ow)
+
+    def compile(self, mode: str = "default") -> None:
+        """Compile the per-pixel chain (float conversion, photometric, normalise, scale, pad) into
+        a few fused kernels. Why: eagerly it is ~40 full-resolution passes over the batch (MapTR:
+        24 images of 1600x900, ~10 ms of GPU time and ~7 ms of kernel launches per step) where the
+        arithmetic needs one read of the uint8 pixels and one write of the result."""
+        self._pixels = torch.compile(self._pixels_eager, mode=mode, dynamic=False)
+        self.compiled = True
+
+    def _pixels_eager(self, x: torch.Tensor, params: torch.Tensor | None) -> torch.Tensor:
+        x = x.float()
+        if self.scale is not None and self.scale_before_photometric:
+            x = self._scale(x)
+        if self.photometric:
+            x = photometric(x, params)
+        x = normalize(x, self.mean, self.std, self.to_rgb)
+        if self.scale is not None and not self.scale_before_photometric:
+            x = self._scale(x)
+        if self.pad_divisor:
+            d = self.pad_divisor
+            h, w = x.shape[-2:]
+            x = F.pad(x, (0, math.ceil(w / d) * d - w, 0, math.ceil(h / d) * d - h))
+        return x.contiguous()
 
     def __call__(self, batch: dict, device: torch.device | str | None = None) -> dict:
         if "img_jpeg" in batch:
@@ -172,23 +197,14 @@ class DeviceImageTransform:
                 raw = raw.to(device, non_blocking=True)
         else:
             raise KeyError("DeviceImageTransform needs img_jpeg or img_uint8 in the batch")
-        x = raw.float()
+        x = raw
         if self.warp_to is not None:
-            x = warp_affine(x, batch.pop("img_aug_matrix"), self.warp_to)
-        if self.scale is not None and self.scale_before_photometric:
-            x = self._scale(x)
+            x = warp_affine(raw.float(), batch.pop("img_aug_matrix"), self.warp_to)
         params = batch.pop("photometric_params", None)
         if self.photometric:
             if params is None:
                 raise KeyError("photometric_params missing: keep PhotoMetricDistortionMultiView(apply=False) in the "
                                "CPU pipeline so the parameters are drawn per sample")
-            x = photometric(x, params)
-        x = normalize(x, self.mean, self.std, self.to_rgb)
-        if self.scale is not None and not self.scale_before_photometric:
-            x = self._scale(x)
-        if self.pad_divisor:
-            d = self.pad_divisor
-            h, w = x.shape[-2:]
-            x = F.pad(x, (0, math.ceil(w / d) * d - w, 0, math.ceil(h / d) * d - h))
-        batch["img"] = x.contiguous()
+            params = params.to(device=x.device, non_blocking=True)
+        batch["img"] = self._pixels(x, params if self.photometric else None)
         return batch
