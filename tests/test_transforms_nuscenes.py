@@ -37,6 +37,7 @@ from drivebench.data.transforms import device
 from drivebench.data.transforms.image import NormalizeMultiView
 from drivebench.data.transforms.map_gt import orderings_maptr_v2, orderings_permute, resample
 from drivebench.data.transforms.photometric import apply_photometric, sample_photometric_params
+from drivebench.data.sampling import SampleKey
 
 CONTRACT = Path(__file__).resolve().parents[1] / "docs" / "batch-contract.md"
 SMALL_SD = {"final_dim": (48, 128), "resize_lim": (0.75, 0.85)}  # SparseDrive's aug scaled to 160x90 images
@@ -344,3 +345,14 @@ def test_photometric_params_come_from_the_sample_rng(root, index):
     r3 = PhotoMetricDistortionMultiView(apply=False)({"img": [None] * 6, "rng": np.random.default_rng([0, 0, 5])})
     np.testing.assert_equal(r1["photometric_params"], r2["photometric_params"])
     assert not np.array_equal(r1["photometric_params"], r3["photometric_params"])
+
+
+def test_augmentation_follows_the_epoch_that_comes_with_the_index(root, index):
+    """The training loader hands ``SampleKey(index, epoch)``: a new epoch draws a new augmentation
+    for the same sample (workers never see the main process's ``set_epoch``), the same key the same."""
+    ds = NuScenesDataset(index, maptr_pipeline(root, device_images=True), seed=3, root=root)
+    params = lambda item: np.asarray(ds[item]["photometric_params"])  # noqa: E731
+    e0 = params(SampleKey(2, 0))
+    np.testing.assert_equal(params(SampleKey(2, 0)), e0)
+    assert not np.array_equal(params(SampleKey(2, 1)), e0)
+    np.testing.assert_equal(params(2), e0)  # a plain index: the epoch of set_epoch (0)

@@ -43,6 +43,7 @@ class AccelSettings:
     channels_last: bool
     device_transform: str
     device_prefetch: bool
+    prefetch_across_epochs: bool
 
     @classmethod
     def resolve(cls, cfg: Mapping[str, Any], machine: MachineInfo) -> "AccelSettings":
@@ -128,6 +129,7 @@ class AccelSettings:
             channels_last=flag("channels_last", on_gpu),
             device_transform=device,
             device_prefetch=flag("device_prefetch", device != "off") and on_gpu,
+            prefetch_across_epochs=flag("prefetch_across_epochs", num_workers > 0),
         )
 
     def numerics_changes(self) -> list[str]:

@@ -23,6 +23,8 @@ import torch
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
+from drivebench.data.sampling import unpack_key
+
 
 class CacheDoesNotFit(RuntimeError):
     """The cache would exceed its byte budget (accel.shm_cache_max_gb or free /dev/shm)."""
@@ -116,8 +118,10 @@ class SharedSampleCache(Dataset):
     def load_raw(self, index: int) -> Any:
         return pickle.loads(self.store.get(index))
 
-    def __getitem__(self, index: int) -> Any:
-        raw = self.load_raw(index)
+    accepts_sample_keys = True
+
+    def __getitem__(self, item: Any) -> Any:
+        raw = self.load_raw(unpack_key(item)[0])  # the transforms it wraps (QCNet's) draw no randomness
         return self.transform(raw) if self.transform is not None else raw
 
     def __getattr__(self, name: str) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
@@ -21,7 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 from drivebench.accel.settings import AccelSettings
 from drivebench.accel.shm_cache import CacheDoesNotFit, SharedSampleCache
 from drivebench.data.device_prefetch import DevicePrefetchLoader
-from drivebench.data.sampling import EpochBatchSampler, RandomBatchSampler
+from drivebench.data.epoch_stream import EpochStream
+from drivebench.data.sampling import EpochBatchSampler, KeyedBatches, RandomBatchSampler
 from drivebench.locks import exclusive_lock
 
 log = logging.getLogger(__name__)
@@ -104,11 +106,20 @@ class DriveDataModule(pl.LightningDataModule):
         self.cache_info: dict[str, Any] = {"enabled": accel.shm_cache}
         self.batch_sampler_factory = batch_sampler
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches already done in it)
+        self._streams: list[weakref.ref] = []  # EpochStreams handed out; their workers stop at teardown
 
     def prepare_data(self) -> None:
         # ranks started together (torchrun) must not generate the embedded set concurrently
         with _prepare_lock(getattr(self.source, "cache_dir", None)):
             self.source.prepare(workers=self.accel.preprocess_workers, progress=self.progress)
+
+    def teardown(self, stage: str | None = None) -> None:
+        """Stop the workers of the training streams (Lightning shuts down only DataLoaders' own)."""
+        for ref in self._streams:
+            stream = ref()
+            if stream is not None:
+                stream.close()
+        self._streams = []
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
@@ -159,7 +170,7 @@ class DriveDataModule(pl.LightningDataModule):
         return RandomBatchSampler(len(dataset), self.batch_size, shuffle=shuffle, drop_last=True,
                                   num_replicas=replicas, rank=rank, seed=self.seed)
 
-    def train_dataloader(self, device_prefetch: bool = True) -> DataLoader | DevicePrefetchLoader:
+    def train_dataloader(self, device_prefetch: bool = True) -> DataLoader | EpochStream | DevicePrefetchLoader:
         """The training loader; with ``accel.device_prefetch`` inside a trainer on a GPU, wrapped so
         that batches arrive on the device already transformed (``device_prefetch=False``: never)."""
         loader = self._train_loader()
@@ -172,17 +183,23 @@ class DriveDataModule(pl.LightningDataModule):
         module = trainer.lightning_module
         return DevicePrefetchLoader(loader, device, module.move_batch, module.device_transform)
 
-    def _train_loader(self) -> DataLoader:
+    def _train_loader(self) -> DataLoader | EpochStream:
         assert self.train_set is not None, "setup() first"
         sampler = self.make_batch_sampler(self.train_set)
-        if self._resume_at is not None:
-            epoch, done = self._resume_at
-            sampler.set_epoch(epoch)
-            sampler.skip_next(done)
-            self._resume_at = None
+        start, self._resume_at = (self._resume_at or (0, 0)), None
+        keyed = bool(getattr(self.train_set, "accepts_sample_keys", False))
+        if self.accel.prefetch_across_epochs:
+            stream = EpochStream(sampler, self._loader_over, start=start, keyed=keyed)
+            self._streams.append(weakref.ref(stream))
+            return stream
+        sampler.set_epoch(start[0])
+        sampler.skip_next(start[1])
+        return self._loader_over(KeyedBatches(sampler) if keyed else sampler)
+
+    def _loader_over(self, batch_sampler: Any) -> DataLoader:
         return DataLoader(
             self.train_set,
-            batch_sampler=sampler,
+            batch_sampler=batch_sampler,
             collate_fn=self.collate_fn,
             worker_init_fn=_seed_worker,
             # its own generator: starting an iterator draws a worker base seed, which must not come

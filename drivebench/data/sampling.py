@@ -9,7 +9,7 @@ restarts an epoch after its first k batches, which is how ``resume`` continues m
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator, NamedTuple
 
 import torch
 from torch.utils.data import Sampler
@@ -93,3 +93,77 @@ class RandomBatchSampler(EpochBatchSampler):
         batches = [mine[i * self.batch_size:(i + 1) * self.batch_size] for i in range(n_batches)]
         self._cache = (epoch, batches)
         return batches
+
+
+class SampleKey(NamedTuple):
+    """What the training loader hands a dataset: the sample index, the epoch it is drawn for (which
+    seeds the sample's augmentation) and, for streaming samplers, whether its previous frame was
+    in the stream. Why the epoch travels with the index: loader workers hold their own copy of the
+    dataset, so an epoch set on the main process's copy never reaches them, and with batches
+    prefetched across an epoch boundary two epochs are in flight at once."""
+
+    index: int
+    epoch: int
+    prev_exists: bool = False
+
+
+def sample_key(item: Any, epoch: int) -> SampleKey:
+    """``item`` as a sampler yields it (an index or an ``(index, prev_exists)`` pair) -> a key."""
+    if isinstance(item, SampleKey):
+        return item
+    if isinstance(item, tuple):
+        index, prev_exists = item
+        return SampleKey(int(index), int(epoch), bool(prev_exists))
+    return SampleKey(int(item), int(epoch))
+
+
+def unpack_key(item: Any) -> tuple[int, int | None, bool]:
+    """(index, epoch or None, prev_exists) from whatever a dataset's ``__getitem__`` received."""
+    if isinstance(item, SampleKey):
+        return item.index, item.epoch, item.prev_exists
+    if isinstance(item, tuple):
+        index, prev_exists = item
+        return int(index), None, bool(prev_exists)
+    return int(item), None, False
+
+
+class KeyedBatches(Sampler[list[SampleKey]]):
+    """One epoch of ``sampler``'s batches as :class:`SampleKey` lists (the DataLoader's batch sampler
+    for datasets with ``accepts_sample_keys``).
+
+    ``.sampler`` is the wrapped sampler's epoch proxy, so Lightning's ``set_epoch`` still reaches it.
+    """
+
+    def __init__(self, sampler: EpochBatchSampler) -> None:
+        self.batches = sampler
+        self.sampler = sampler.sampler
+
+    def __iter__(self) -> Iterator[list[SampleKey]]:
+        epoch = self.batches.epoch
+        for batch in self.batches:
+            yield [sample_key(item, epoch) for item in batch]
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class ContinuousBatches(Sampler[list[SampleKey]]):
+    """Epoch after epoch of ``sampler``'s batches without end, starting at ``start`` = (epoch,
+    batches to skip in it). The same batches, in the same order, as iterating the sampler epoch by
+    epoch; used by :class:`drivebench.data.epoch_stream.EpochStream`."""
+
+    def __init__(self, sampler: EpochBatchSampler, start: tuple[int, int] = (0, 0), keyed: bool = True) -> None:
+        self.batches = sampler
+        self.start = start
+        self.keyed = keyed  # False: the sampler's items as they are (datasets that take plain indices)
+
+    def __iter__(self) -> Iterator[list[SampleKey]]:
+        epoch, skip = self.start
+        while True:
+            plan = self.batches.plan(epoch)
+            if not plan:
+                raise ValueError(f"epoch {epoch} has no batches for this rank: the dataset is smaller than one "
+                                 "batch per rank; lower the batch size or add data")
+            for batch in plan[skip:]:
+                yield [sample_key(item, epoch) for item in batch] if self.keyed else batch
+            epoch, skip = epoch + 1, 0

@@ -17,6 +17,7 @@ from drivebench.data.argoverse2 import schema
 from drivebench.data.argoverse2.generate import read_manifest
 from drivebench.data.argoverse2.scenario import CONVERTER_VERSION, load_scenario_dir
 from drivebench.data.preprocess import PreprocessStats, cache_key, cache_path, load_cached, preprocess_all
+from drivebench.data.sampling import unpack_key
 
 
 def list_scenarios(root: Path, split: str) -> list[Path]:
@@ -104,7 +105,10 @@ class Argoverse2Dataset(Dataset):
         return load_cached(cache_path(self.cache_dir, self.key, scenario_dir.name),
                            rebuild=lambda: load_scenario_dir(scenario_dir))
 
-    def __getitem__(self, index: int) -> Any:
+    accepts_sample_keys = True
+
+    def __getitem__(self, item: Any) -> Any:
+        index = unpack_key(item)[0]  # no augmentation here: the epoch does not matter
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} {self.split} scenarios")
         raw = self.load_raw(index)

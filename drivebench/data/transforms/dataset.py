@@ -3,7 +3,8 @@
 Randomness: ``results["rng"] = np.random.default_rng([seed, epoch, index])``, so a sample's
 augmentation depends on (seed, epoch, index) only -- not on the worker, the call order or how many
 workers there are. ``results["seq_rng"]`` is seeded by the sequence instead, for augmentations
-kept constant over a driving sequence (SparseDrive).
+kept constant over a driving sequence (SparseDrive). The epoch comes with the index from the training
+loader (a ``SampleKey``); a plain index uses the epoch last given to ``set_epoch``.
 
 Temporal batches: a batch sampler may yield ``(index, prev_exists)`` pairs; ``prev_exists`` says
 the previous key frame of the scene went through the same batch slot. A plain index means False.
@@ -21,6 +22,7 @@ from torch.utils.data import Dataset
 from drivebench.data.nuscenes import CAMERAS
 from drivebench.data.nuscenes.errors import DataFileError
 from drivebench.data.nuscenes.infos import NAME_MAPPING, InfoIndex
+from drivebench.data.sampling import unpack_key
 
 
 def record_to_results(record: dict, root: Path) -> dict:
@@ -88,6 +90,8 @@ class NuScenesDataset(Dataset):
     """Map-style dataset over info records; ``on_corrupt="skip"`` replaces a sample whose files are
     missing or corrupt by the next good one and counts it in ``self.skipped`` (per process)."""
 
+    accepts_sample_keys = True  # __getitem__ takes a SampleKey (index + epoch) from the training loader
+
     def __init__(
         self,
         infos: Sequence[dict] | InfoIndex,
@@ -119,26 +123,26 @@ class NuScenesDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
-    def results_for(self, index: int, prev_exists: bool = False) -> dict:
+    def results_for(self, index: int, prev_exists: bool = False, epoch: int | None = None) -> dict:
         rec = self.records[index]
         results = record_to_results(rec, self.root)
-        results["rng"] = np.random.default_rng([self.seed, self.epoch, index])
-        results["seq_rng"] = np.random.default_rng([self.seed, self.epoch, results["sequence_id"], 1 << 20])
+        epoch = self.epoch if epoch is None else int(epoch)
+        results["rng"] = np.random.default_rng([self.seed, epoch, index])
+        results["seq_rng"] = np.random.default_rng([self.seed, epoch, results["sequence_id"], 1 << 20])
         results["prev_exists"] = bool(prev_exists)
         return results
 
-    def run(self, index: int, prev_exists: bool = False) -> dict:
-        results = self.results_for(index, prev_exists)
+    def run(self, index: int, prev_exists: bool = False, epoch: int | None = None) -> dict:
+        results = self.results_for(index, prev_exists, epoch)
         for t in self.pipeline:
             results = t(results)
         return results
 
     def __getitem__(self, item) -> dict:
-        index, prev_exists = (item if isinstance(item, tuple) else (item, False))
-        index = int(index)
+        index, epoch, prev_exists = unpack_key(item)
         for attempt in range(self.max_skips + 1):
             try:
-                return self.run((index + attempt) % len(self), prev_exists and attempt == 0)
+                return self.run((index + attempt) % len(self), prev_exists and attempt == 0, epoch)
             except DataFileError as err:
                 if self.on_corrupt == "fail":
                     raise

@@ -1,0 +1,133 @@
+"""``accel.prefetch_across_epochs``: one loader iterator over all epochs gives exactly the batches of
+the epoch-by-epoch loader, resumes mid-epoch, and follows Lightning's epochs."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from drivebench.data.epoch_stream import EpochStream
+from drivebench.data.sampling import KeyedBatches, RandomBatchSampler, SampleKey, sample_key, unpack_key
+
+
+class KeyEcho(Dataset):
+    """Returns what it was asked for, and from which process (so prefetching is visible)."""
+
+    accepts_sample_keys = True
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, item):
+        index, epoch, _ = unpack_key(item)
+        return torch.tensor([index, -1 if epoch is None else epoch])
+
+
+def _loader_factory(dataset: Dataset, workers: int):
+    def make(batch_sampler):
+        kwargs = {"num_workers": workers, "persistent_workers": workers > 0}
+        return DataLoader(dataset, batch_sampler=batch_sampler, **kwargs)
+    return make
+
+
+def _epoch_by_epoch(n: int, batch: int, epochs: int, replicas: int = 1, rank: int = 0) -> list[list[list[int]]]:
+    sampler = RandomBatchSampler(n, batch, num_replicas=replicas, rank=rank, seed=7)
+    out = []
+    for e in range(epochs):
+        sampler.set_epoch(e)
+        out.append([b.tolist() for b in DataLoader(KeyEcho(n), batch_sampler=KeyedBatches(sampler))])
+    return out
+
+
+def test_sample_keys_carry_the_epoch_and_plain_items_still_unpack():
+    assert sample_key(5, 3) == SampleKey(5, 3, False)
+    assert sample_key((5, True), 3) == SampleKey(5, 3, True)
+    assert unpack_key(SampleKey(5, 3, True)) == (5, 3, True)
+    assert unpack_key((5, True)) == (5, None, True)
+    assert unpack_key(5) == (5, None, False)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stream_gives_the_epoch_by_epoch_batches(workers):
+    expected = _epoch_by_epoch(22, 4, 3)
+    stream = EpochStream(RandomBatchSampler(22, 4, seed=7), _loader_factory(KeyEcho(22), workers))
+    got = []
+    for e in range(3):
+        stream.sampler.set_epoch(e)  # as Lightning does
+        assert len(stream) == 5
+        got.append([b.tolist() for b in stream])
+    assert got == expected
+    assert all(row[1] == e for e, epoch in enumerate(got) for batch in epoch for row in batch)
+    assert stream.restarts == 1, "one iterator for all epochs"
+    stream.close()
+
+
+def test_stream_without_set_epoch_moves_on_to_the_next_epoch():
+    expected = _epoch_by_epoch(10, 2, 2)
+    stream = EpochStream(RandomBatchSampler(10, 2, seed=7), _loader_factory(KeyEcho(10), 0))
+    assert [[b.tolist() for b in stream] for _ in range(2)] == expected
+
+
+def test_stream_resumes_mid_epoch_and_restarts_when_told_another_epoch():
+    expected = _epoch_by_epoch(22, 4, 4)
+    stream = EpochStream(RandomBatchSampler(22, 4, seed=7), _loader_factory(KeyEcho(22), 2), start=(1, 2))
+    stream.sampler.set_epoch(1)
+    assert [b.tolist() for b in stream] == expected[1][2:]
+    it = iter(stream)
+    next(it)  # epoch 2 abandoned after one batch ...
+    stream.sampler.set_epoch(3)  # ... and epoch 3 asked for: the stream restarts there
+    assert [b.tolist() for b in stream] == expected[3]
+    assert stream.restarts == 2
+
+
+def test_stream_splits_ranks_like_the_epoch_loader():
+    for rank in range(2):
+        expected = _epoch_by_epoch(20, 3, 2, replicas=2, rank=rank)
+        stream = EpochStream(RandomBatchSampler(20, 3, num_replicas=2, rank=rank, seed=7),
+                             _loader_factory(KeyEcho(20), 0))
+        assert [[b.tolist() for b in stream] for _ in range(2)] == expected
+
+
+def test_unkeyed_datasets_get_plain_indices():
+    class Plain(Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            assert isinstance(i, int)
+            return i
+
+    stream = EpochStream(RandomBatchSampler(8, 4, seed=1), _loader_factory(Plain(), 0), keyed=False)
+    assert sorted(i for b in stream for i in b.tolist()) == list(range(8))
+
+
+class _Record(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.seen: list[tuple[int, list[list[int]]]] = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append((self.current_epoch, batch.tolist()))
+        return (self.w * 0).sum() + self.w.sum() ** 2
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_lightning_sees_epochs_and_every_batch_once_per_epoch():
+    expected = _epoch_by_epoch(18, 4, 3)
+    stream = EpochStream(RandomBatchSampler(18, 4, seed=7), _loader_factory(KeyEcho(18), 2))
+    module = _Record()
+    trainer = pl.Trainer(max_epochs=3, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, train_dataloaders=stream)
+    got = [[b for e, b in module.seen if e == epoch] for epoch in range(3)]
+    assert got == expected
+    assert all(row[1] == e for e, b in module.seen for row in b), "each sample is drawn for its own epoch"
+    assert stream.restarts == 1
