@@ -25,6 +25,7 @@ from drivebench.app import Run, build
 from drivebench.ckpt.resume import find_resume_checkpoint, readable_checkpoint
 from drivebench.ckpt.state import ResumeState
 from drivebench.data.device_prefetch import DevicePrefetchLoader
+from drivebench.data.epoch_stream import EpochStream
 from drivebench.dist import gather_objects
 from drivebench.errors import ConfigError
 from drivebench.secrets import redact, redact_argv
@@ -162,6 +163,9 @@ class TrainBench:
         if isinstance(prefetch, DevicePrefetchLoader):
             summary["data"]["device_prefetch"] = prefetch.stats()
             prefetch.close()
+            prefetch = prefetch.loader
+        if isinstance(prefetch, EpochStream):  # one loader iterator for every epoch: 1 start, no restarts
+            summary["data"]["epoch_stream"] = {"iterator_starts": prefetch.restarts, "next_batch": list(prefetch.position)}
         summary["train"] = phase_stats(timer.times, monitor)
         if freeze is not None:
             summary["train"]["gc_freeze"] = freeze.summary()
