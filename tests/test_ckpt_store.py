@@ -156,12 +156,36 @@ def test_stager_copies_host_tensors_and_keeps_structure():
     assert torch.equal(staged["pair"].a, torch.arange(6.0))
 
 
+def test_stager_reserves_the_buffers_that_staging_uses():
+    """Buffers reserved from the module / optimizer state dicts are the ones a later save fills: no
+    allocation at save time. Device tensors stand in as 'meta' tensors here (no GPU on CI)."""
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    to_meta = lambda sd: {k: v.to("meta") for k, v in sd.items()}  # noqa: E731
+    opt_sd = opt.state_dict()
+    opt_sd["state"] = {i: {k: (v.to("meta") if k != "step" else v) for k, v in s.items()}
+                       for i, s in opt_sd["state"].items()}
+    stager = HostStager(pin=False)
+    nbytes = stager.reserve({"state_dict": to_meta(model.state_dict()), "optimizer_states": [opt_sd]})
+    assert nbytes == 3 * sum(p.numel() * 4 for p in model.parameters())  # weights + two moments
+    assert set(stager._buffers) == {"/state_dict/weight", "/state_dict/bias"} | {
+        f"/optimizer_states/0/state/{i}/{k}" for i in (0, 1) for k in ("exp_avg", "exp_avg_sq")}
+    before = dict(stager._buffers)
+    assert stager.reserve({"state_dict": to_meta(model.state_dict()), "optimizer_states": [opt_sd]}) == nbytes
+    assert all(stager._buffers[k] is before[k] for k in before), "a second reserve allocates nothing"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_stager_moves_device_tensors_into_reused_pinned_buffers():
     stager = HostStager()
     weight = torch.arange(6.0, device="cuda")
+    assert stager.reserve({"w": weight}) == 24
+    reserved = stager._buffers["/w"]
     first = stager.stage({"w": weight})["w"]
+    assert first is reserved
     torch.cuda.synchronize()
     assert first.device.type == "cpu" and first.is_pinned() and torch.equal(first, weight.cpu())
     weight.add_(1)

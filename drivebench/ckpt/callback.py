@@ -44,17 +44,38 @@ class HostStager:
     tensors into fresh copies. Either way the background writer never sees a tensor that training
     keeps updating in place."""
 
-    def __init__(self) -> None:
+    def __init__(self, pin: bool | None = None) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
+        self.pin = torch.cuda.is_available() if pin is None else pin
+
+    def _buffer(self, obj: torch.Tensor, path: str) -> torch.Tensor:
+        buf = self._buffers.get(path)
+        if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
+            buf = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=self.pin)
+            self._buffers[path] = buf
+        return buf
+
+    def reserve(self, obj: Any, path: str = "") -> int:
+        """Allocate the buffers that staging ``obj`` will use, without copying; returns their bytes.
+        Why: page-locking ~0.4 GB (MapTR weights + Adam moments) took 0.36-0.41 s on the H200, all
+        charged to the first save's blocking time; done once before that save, every save costs the
+        copy alone (0.02-0.03 s)."""
+        if isinstance(obj, torch.Tensor):
+            if obj.device.type == "cpu":
+                return 0
+            buf = self._buffer(obj, path)
+            return buf.numel() * buf.element_size()
+        if isinstance(obj, dict):
+            return sum(self.reserve(v, f"{path}/{k}") for k, v in obj.items())
+        if isinstance(obj, (list, tuple)):
+            return sum(self.reserve(v, f"{path}/{i}") for i, v in enumerate(obj))
+        return 0
 
     def stage(self, obj: Any, path: str = "") -> Any:
         if isinstance(obj, torch.Tensor):
             if obj.device.type == "cpu":
                 return obj.detach().clone()
-            buf = self._buffers.get(path)
-            if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
-                buf = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True)
-                self._buffers[path] = buf
+            buf = self._buffer(obj, path)
             buf.copy_(obj.detach(), non_blocking=True)
             return buf
         if isinstance(obj, dict):
@@ -102,6 +123,7 @@ class Checkpointing(ResumeState):
         self._executor: ThreadPoolExecutor | None = None
         self._future: Future | None = None
         self._stager = HostStager()
+        self.staging_reserved: dict[str, Any] | None = None  # async: pinned buffers made before the first save
         self.clock = clock
         self._last_save_time = clock()
         self._last_saved_step = -1
@@ -124,6 +146,8 @@ class Checkpointing(ResumeState):
                            batch_idx: int) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # the data position
         self._log_completed(trainer)  # async writes that finished since the last step
+        if self.async_write and self.staging_reserved is None and trainer.is_global_zero:
+            self._reserve_staging(trainer, pl_module)
         done = batch_idx + 1
         per_epoch = trainer.num_training_batches
         if done % trainer.accumulate_grad_batches and not (isinstance(per_epoch, int) and done >= per_epoch):
@@ -157,6 +181,14 @@ class Checkpointing(ResumeState):
         self._last_saved_step = int(checkpoint.get("global_step", -1))  # already on disk: no save_last
 
     # ---- saving ------------------------------------------------------------------------------
+    def _reserve_staging(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """After the first optimizer step (Adam's moments exist from then on): the host buffers for
+        the checkpoint's device tensors, laid out as ``dump_checkpoint`` lays them out."""
+        t0 = time.perf_counter()
+        nbytes = self._stager.reserve({"state_dict": pl_module.state_dict(),
+                                       "optimizer_states": [opt.state_dict() for opt in trainer.optimizers]})
+        self.staging_reserved = {"bytes": nbytes, "seconds": time.perf_counter() - t0, "step": trainer.global_step}
+
     def save(self, trainer: pl.Trainer) -> None:
         """Checkpoint the training state now. Blocking time: everything until training may go on
         (sync: the whole write; async: waiting for the previous write, then the copy to the host)."""
@@ -244,6 +276,7 @@ class Checkpointing(ResumeState):
             "dir": self.store.url,
             "filesystem": self.store.describe(),
             "async": self.async_write,
+            "staging_reserved": self.staging_reserved,
             "saves": len(self.saves),
             "blocking_s": describe(s["blocking_s"] for s in self.saves if s.get("blocking_s") is not None),
             "write_s": describe(s["write_s"] for s in self.saves),
