@@ -5,6 +5,7 @@ source scripts/device/setup.sh || exit 1
 START=$(date +%s)
 LIMIT=${LIMIT:-560}
 RUNS=/tmp/runs
+rm -rf "$RUNS"  # a machine kept warm between calls still holds the previous call's runs
 mkdir -p "$RUNS" "$OUT"
 log() { echo "$@" | tee -a "$OUT/log.txt"; }
 bundle() {
