@@ -99,6 +99,8 @@ def test_every_accel_preset_runs(preset: str, drivebench_cache: Path, tmp_path: 
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["run"]["accel"] == preset and s["train"]["steps_measured"] == 2
+    if preset == "max":  # prefetch_across_epochs: one loader iterator for the whole run
+        assert s["data"]["epoch_stream"]["iterator_starts"] == 1
 
 
 # ---- knobs that only move work around must not change what the model learns -------------------
