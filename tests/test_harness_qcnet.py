@@ -169,6 +169,7 @@ def test_bf16_stays_within_tolerance(baseline, drivebench_cache: Path, tmp_path:
         (["data.size=huge"], "data.size='huge' is not valid; choose one of"),
         (["model.batch_size=0"], "model.batch_size=0 is not valid"),
         (["ckpt=remote"], "ckpt=remote needs a destination: ckpt.dir="),
+        (["model.batch_size=64"], "model.batch_size=64 x 1 rank(s) is more than the 32 samples of the training split"),
     ],
 )
 def test_bad_values_give_one_clear_line(overrides, message, drivebench_cache: Path, tmp_path: Path):

@@ -24,6 +24,7 @@ from drivebench.accel.shm_cache import CacheDoesNotFit, SharedSampleCache
 from drivebench.data.device_prefetch import DevicePrefetchLoader
 from drivebench.data.epoch_stream import EpochStream
 from drivebench.data.sampling import EpochBatchSampler, KeyedBatches, RandomBatchSampler
+from drivebench.errors import ConfigError
 from drivebench.locks import exclusive_lock
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,12 @@ class DriveDataModule(pl.LightningDataModule):
     def _train_loader(self) -> DataLoader | EpochStream:
         assert self.train_set is not None, "setup() first"
         sampler = self.make_batch_sampler(self.train_set)
+        if not sampler.plan(0):
+            replicas, _ = self._replicas()
+            raise ConfigError(
+                f"model.batch_size={self.batch_size} x {replicas} rank(s) is more than the {len(self.train_set)} "
+                f"samples of the training split: not one batch per epoch. Lower model.batch_size or use more "
+                f"data (data.size / data.root)")
         start, self._resume_at = (self._resume_at or (0, 0)), None
         keyed = bool(getattr(self.train_set, "accepts_sample_keys", False))
         if self.accel.prefetch_across_epochs:
