@@ -63,7 +63,7 @@ def test_stream_gives_the_epoch_by_epoch_batches(workers):
         got.append([b.tolist() for b in stream])
     assert got == expected
     assert all(row[1] == e for e, epoch in enumerate(got) for batch in epoch for row in batch)
-    assert stream.restarts == 1, "one iterator for all epochs"
+    assert stream.iterator_starts == 1, "one iterator for all epochs"
     stream.close()
 
 
@@ -82,7 +82,7 @@ def test_stream_resumes_mid_epoch_and_restarts_when_told_another_epoch():
     next(it)  # epoch 2 abandoned after one batch ...
     stream.sampler.set_epoch(3)  # ... and epoch 3 asked for: the stream restarts there
     assert [b.tolist() for b in stream] == expected[3]
-    assert stream.restarts == 2
+    assert stream.iterator_starts == 2
 
 
 def test_stream_splits_ranks_like_the_epoch_loader():
@@ -130,4 +130,15 @@ def test_lightning_sees_epochs_and_every_batch_once_per_epoch():
     got = [[b for e, b in module.seen if e == epoch] for epoch in range(3)]
     assert got == expected
     assert all(row[1] == e for e, b in module.seen for row in b), "each sample is drawn for its own epoch"
-    assert stream.restarts == 1
+    assert stream.iterator_starts == 1
+
+
+def test_close_stops_persistent_workers():
+    import multiprocessing
+
+    before = len(multiprocessing.active_children())
+    stream = EpochStream(RandomBatchSampler(12, 4, seed=1), _loader_factory(KeyEcho(12), 2))
+    list(stream)
+    assert len(multiprocessing.active_children()) == before + 2
+    stream.close()
+    assert len(multiprocessing.active_children()) == before

@@ -165,7 +165,7 @@ class TrainBench:
             prefetch.close()
             prefetch = prefetch.loader
         if isinstance(prefetch, EpochStream):  # one loader iterator for every epoch: 1 start, no restarts
-            summary["data"]["epoch_stream"] = {"iterator_starts": prefetch.restarts, "next_batch": list(prefetch.position)}
+            summary["data"]["epoch_stream"] = {"iterator_starts": prefetch.iterator_starts, "next_batch": list(prefetch.position)}
         summary["train"] = phase_stats(timer.times, monitor)
         if freeze is not None:
             summary["train"]["gc_freeze"] = freeze.summary()

@@ -55,7 +55,7 @@ class EpochStream:
         self.position = (int(start[0]), int(start[1]))  # the next batch the stream yields
         self.requested_epoch: int | None = int(start[0])
         self.sampler = _EpochRequest(self)
-        self.restarts = 0
+        self.iterator_starts = 0  # 1 when one loader iterator served every epoch
         self._iterator: Iterator[Any] | None = None
 
     @property
@@ -74,15 +74,15 @@ class EpochStream:
         self.stream.start = (epoch, skip)
         self.position = (epoch, skip)
         self._iterator = iter(self.loader)  # persistent workers are reused; stale batches are dropped
-        self.restarts += 1
+        self.iterator_starts += 1
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self.requested_epoch if self.requested_epoch is not None else self.position[0]
         self.requested_epoch = None
-        if self._iterator is None:
-            self._restart(*self.position) if epoch == self.position[0] else self._restart(epoch, 0)
-        elif epoch != self.position[0]:
+        if epoch != self.position[0]:  # a resume, or an epoch abandoned part-way
             self._restart(epoch, 0)
+        elif self._iterator is None:
+            self._restart(*self.position)
         n = len(self.plans.plan(epoch))
         if self.position == (epoch, n):  # resumed after an epoch's last batch: nothing left in it
             self.position = (epoch + 1, 0)
@@ -95,5 +95,11 @@ class EpochStream:
             yield batch
 
     def close(self) -> None:
-        """Stop the workers (the DataLoader iterator shuts them down when dropped)."""
-        self._iterator = None
+        """Stop the workers now (with persistent workers the DataLoader itself keeps its iterator,
+        so dropping ours is not enough; Lightning does the same for its own loaders)."""
+        iterator, self._iterator = self._iterator, None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
+        if getattr(self.loader, "_iterator", None) is not None:
+            self.loader._iterator = None
