@@ -138,3 +138,15 @@ def test_resume_from_a_file_url(root, cache, reference):
     train(run_dir, cache, "ckpt=none", f"resume=file://{store_dir}/step-00000006.ckpt", steps=8)
     assert summary(run_dir)["run"]["resumed_from"] == str(store_dir / "step-00000006.ckpt")
     assert_same_losses(losses(run_dir), reference, 6, 8)
+
+
+def test_resume_mid_epoch_through_the_epoch_stream(root, cache, reference):
+    """The same resume with loader workers streaming across epochs (accel.prefetch_across_epochs):
+    from step 6 (mid-epoch) over the epoch boundary at step 8, losses equal the reference's."""
+    store_dir = root / "reference-store"
+    run_dir = root / "from-url-stream"
+    train(run_dir, cache, "ckpt=none", f"resume=file://{store_dir}/step-00000006.ckpt", "accel.num_workers=1",
+          "accel.persistent_workers=true", "accel.prefetch_across_epochs=true", steps=STEPS)
+    result = summary(run_dir)
+    assert result["data"]["epoch_stream"] == {"iterator_starts": 1, "next_batch": [1, STEPS - 8]}
+    assert_same_losses(losses(run_dir), reference, 6, STEPS)
