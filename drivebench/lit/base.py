@@ -17,6 +17,7 @@ from torch import nn
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from drivebench.data.device_prefetch import READY_KEY
+from drivebench.lit.metric_sync import merge_across_ranks
 from drivebench.perf.ceiling import ResidentBatch
 from drivebench.perf.spans import SPANS
 
@@ -104,9 +105,16 @@ class DriveModule(pl.LightningModule):
     def on_validation_epoch_start(self) -> None:
         self.reset_metrics()
 
+    def mergeable_metrics(self) -> list[Any]:
+        """Metrics with ``state()`` / ``merge()`` (``lit/metric_sync.py``): under DDP they are merged
+        over all ranks before ``compute_metrics``. A model whose metrics are all here gets the values
+        of the whole validation set; otherwise (empty list) per-rank values are averaged."""
+        return []
+
     def on_validation_epoch_end(self) -> None:
+        merged = merge_across_ranks(self.mergeable_metrics())
         for name, value in self.compute_metrics().items():
-            self.log(f"val/{name}", float(value), sync_dist=True)
+            self.log(f"val/{name}", float(value), sync_dist=not merged)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.run_config is not None:

@@ -74,6 +74,9 @@ class MapTRModule(DriveModule):
     def reset_metrics(self) -> None:
         self.chamfer_ap.reset()
 
+    def mergeable_metrics(self) -> list[Any]:
+        return [self.chamfer_ap]
+
     def batch_size(self, batch: dict[str, Any]) -> int:
         return int(batch["img"].shape[0])
 

@@ -87,6 +87,9 @@ class QCNetModule(DriveModule):
         self.model_metrics.reset()
         self.baseline_metrics.reset()
 
+    def mergeable_metrics(self) -> list[Any]:
+        return [self.model_metrics, self.baseline_metrics]
+
     def batch_size(self, batch: dict[str, Any]) -> int:
         return int(batch["num_graphs"])
 

@@ -69,8 +69,11 @@ class SparseDriveModule(DriveModule):
         return int(batch["img"].shape[0])
 
     def reset_metrics(self) -> None:
-        for metric in (self.det_ap, self.map_ap, self.motion_metric, self.planning_metric):
+        for metric in self.mergeable_metrics():
             metric.reset()
+
+    def mergeable_metrics(self) -> list[Any]:
+        return [self.det_ap, self.map_ap, self.motion_metric, self.planning_metric]
 
     def compute_metrics(self) -> dict[str, float]:
         out = {f"det/{k}": v for k, v in self.det_ap.compute().items()}

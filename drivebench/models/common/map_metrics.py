@@ -119,6 +119,22 @@ class ChamferMapAP:
     def reset(self) -> None:
         self._records = [_ClassRecord(tp={t: [] for t in self.thresholds}) for _ in self.class_names]
 
+    def state(self) -> list[_ClassRecord]:
+        """What this process accumulated (numpy only), for :meth:`merge` on every DDP rank."""
+        return self._records
+
+    def merge(self, states: Sequence[list[_ClassRecord]]) -> None:
+        """Become the union of ``states`` (every rank's, this one's included): AP then ranks every
+        prediction of the whole validation set, as one process would."""
+        merged = [_ClassRecord(tp={t: [] for t in self.thresholds}) for _ in self.class_names]
+        for records in states:
+            for into, record in zip(merged, records):
+                into.confidences.extend(record.confidences)
+                into.num_gts += record.num_gts
+                for thr in self.thresholds:
+                    into.tp[thr].extend(record.tp[thr])
+        self._records = merged
+
     def add_sample(self, pred_pts: np.ndarray, pred_scores: np.ndarray, pred_labels: np.ndarray,
                    gt_pts: np.ndarray, gt_labels: np.ndarray) -> None:
         """One sample: predictions (n, P, 2) with confidences and labels, ground truth (m, P', 2) in metres."""

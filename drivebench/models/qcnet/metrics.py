@@ -97,6 +97,23 @@ class MotionMetrics:
             self._sums = {name: self._sums[name] + sums[name] for name in self.names}
             self._count = self._count + weight.sum()
 
+    def state(self) -> tuple[dict[str, torch.Tensor], torch.Tensor] | None:
+        """Sums and agent count on the host (None before any update), for :meth:`merge`."""
+        if self._sums is None:
+            return None
+        return {k: v.detach().cpu() for k, v in self._sums.items()}, self._count.detach().cpu()
+
+    def merge(self, states) -> None:
+        """Become the union of ``states`` (every rank's): means weighted by each rank's agents."""
+        states = [s for s in states if s is not None]
+        self.reset()
+        for sums, count in states:
+            if self._sums is None:
+                self._sums, self._count = dict(sums), count.clone()
+            else:
+                self._sums = {name: self._sums[name] + sums[name] for name in self.names}
+                self._count = self._count + count
+
     def compute(self) -> dict[str, float]:
         """Means over the counted agents (reads back to the host); empty dict before any agent."""
         if self._sums is None:

@@ -104,6 +104,14 @@ class DetectionAP:
     def reset(self) -> None:
         self.samples: list[dict[str, np.ndarray]] = []
 
+    def state(self) -> list[dict[str, np.ndarray]]:
+        """The accumulated samples, for :meth:`merge` on every DDP rank."""
+        return self.samples
+
+    def merge(self, states: Sequence[list[dict[str, np.ndarray]]]) -> None:
+        """Become the union of ``states`` (every rank's, this one's included)."""
+        self.samples = [sample for samples in states for sample in samples]
+
     def update(self, boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, gt_boxes: np.ndarray,
                gt_labels: np.ndarray, lidar2ego: np.ndarray | None = None) -> None:
         """One sample: predicted (K, >=2) boxes / scores / labels and GT (G, >=2) boxes / labels."""
@@ -157,6 +165,14 @@ class MotionMetric:
 
     def reset(self) -> None:
         self.samples: list[dict[str, np.ndarray]] = []
+
+    def state(self) -> list[dict[str, np.ndarray]]:
+        """The accumulated samples, for :meth:`merge` on every DDP rank."""
+        return self.samples
+
+    def merge(self, states: Sequence[list[dict[str, np.ndarray]]]) -> None:
+        """Become the union of ``states`` (every rank's, this one's included)."""
+        self.samples = [sample for samples in states for sample in samples]
 
     def update(self, boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, trajs: np.ndarray,
                gt_boxes: np.ndarray, gt_labels: np.ndarray, gt_trajs: np.ndarray, gt_masks: np.ndarray) -> None:
@@ -212,6 +228,18 @@ class PlanningMetric:
         self.l2 = np.zeros(self.steps)
         self.collision = np.zeros(self.steps)
         self.total = 0
+
+    def state(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """Sums and count, for :meth:`merge` on every DDP rank."""
+        return self.l2, self.collision, self.total
+
+    def merge(self, states: Sequence[tuple[np.ndarray, np.ndarray, int]]) -> None:
+        """Become the union of ``states`` (every rank's, this one's included)."""
+        self.reset()
+        for l2, collision, total in states:
+            self.l2 = self.l2 + l2
+            self.collision = self.collision + collision
+            self.total += int(total)
 
     def update(self, plan: np.ndarray, gt_plan: np.ndarray, gt_mask: np.ndarray, gt_boxes: np.ndarray,
                gt_agent_trajs: np.ndarray, gt_agent_masks: np.ndarray) -> None:
