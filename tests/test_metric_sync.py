@@ -129,3 +129,21 @@ def test_two_gloo_ranks_compute_the_same_global_ap():
         got = dict(results)
     assert got[0][0] is True and got[1][0] is True
     assert got[0][1] == pytest.approx(union) and got[1][1] == pytest.approx(union)
+
+
+def test_occupancy_confusion_matrices_sum_over_ranks():
+    from drivebench.models.gaussianformer.metrics import OccupancyMetric
+
+    def metric():
+        return OccupancyMetric(num_classes=3, semantic_classes=(0, 1), empty_label=2, class_names=("a", "b", "e"))
+
+    torch.manual_seed(0)
+    pred, target = torch.randint(0, 3, (2, 50)), torch.randint(0, 3, (2, 50))
+    whole, a, b = metric(), metric(), metric()
+    whole.update(pred, target)
+    a.update(pred[0], target[0])
+    b.update(pred[1], target[1])
+    merged = metric()
+    merged.merge([a.state(), b.state(), metric().state()])
+    assert torch.equal(merged.confusion_matrix(), whole.confusion_matrix())
+    assert merged.compute() == pytest.approx(whole.compute())

@@ -50,6 +50,9 @@ class GaussianFormerModule(DriveModule):
     def reset_metrics(self) -> None:
         self.metric.reset()
 
+    def mergeable_metrics(self) -> list[Any]:
+        return [self.metric]
+
     def batch_size(self, batch: dict[str, Any]) -> int:
         return int(batch["img"].shape[0])
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.distributed as dist
 
 SURROUNDOCC_CLASS_NAMES = (
     "others", "barrier", "bicycle", "bus", "car", "construction_vehicle", "motorcycle", "pedestrian",
@@ -51,12 +50,19 @@ class OccupancyMetric:
         self.confusion.index_add_(0, index, valid.reshape(-1).long())
 
     def confusion_matrix(self) -> torch.Tensor:
-        """(C, C) counts, rows = ground truth, columns = prediction, summed over processes if distributed."""
+        """(C, C) counts, rows = ground truth, columns = prediction (under DDP, after :meth:`merge`:
+        of every rank)."""
         conf = self.confusion if self.confusion is not None else torch.zeros(self.num_classes ** 2, dtype=torch.long)
-        if dist.is_available() and dist.is_initialized():
-            conf = conf.clone()
-            dist.all_reduce(conf)
         return conf.view(self.num_classes, self.num_classes)
+
+    def state(self) -> torch.Tensor | None:
+        """The confusion counts on the host (None before any update), for :meth:`merge`."""
+        return None if self.confusion is None else self.confusion.detach().cpu()
+
+    def merge(self, states) -> None:
+        """Become the union of ``states`` (every rank's): the summed confusion matrix."""
+        present = [s for s in states if s is not None]
+        self.confusion = torch.stack(present).sum(0) if present else None
 
     def compute(self) -> dict[str, float]:
         conf = self.confusion_matrix().double().cpu()
