@@ -278,3 +278,24 @@ def test_real_nuscenes_batch_from_the_data_layer(tmp_path):
     losses["loss"].backward()
     assert torch.isfinite(losses["loss"]) and 0 < losses["loss_lovasz"] <= 1
     assert torch.isfinite(net.lifter.anchor.grad).all() and net.lifter.anchor.grad.abs().sum() > 0
+
+
+def test_encoder_compile_scope_units_compile_and_keep_the_numbers():
+    """``compile_scope=encoder`` adds the static-shape encoder parts; compiled (aot_eager: the graph
+    capture and autograd of torch.compile without Inductor's codegen) they give eager's outputs."""
+    torch.manual_seed(0)
+    net = create_model("gaussianformer", "test", compile_scope="encoder").eval()
+    units = net.compile_units()
+    assert set(units) == {"image_encoder", "anchor_encoder"} | {
+        f"blocks.{i}.{part}" for i in range(len(net.blocks)) for part in ("aggregation", "ffn", "refine")}
+    assert set(create_model("gaussianformer", "test").compile_units()) == {"image_encoder"}
+    with pytest.raises(ValueError, match="compile_scope"):
+        create_model("gaussianformer", "test", compile_scope="everything")
+    batch = make_batch(1)
+    with torch.no_grad():
+        eager = net(batch)["occ_logits"][-1]
+        for name, module in units.items():
+            if name != "image_encoder":  # the backbone's compile is covered elsewhere; keep this quick
+                module.compile(backend="aot_eager")
+        compiled = net(batch)["occ_logits"][-1]
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)

@@ -30,6 +30,7 @@ from drivebench.models.gaussianformer.image_encoder import build_image_encoder
 from drivebench.models.gaussianformer.splat import DEFAULT_CHUNK_PAIRS
 
 LOSS_LAYER_CHOICES = ("all", "last")
+COMPILE_SCOPES = ("image_encoder", "encoder")
 
 
 class GaussianFormer(nn.Module):
@@ -78,10 +79,14 @@ class GaussianFormer(nn.Module):
         loss_layers: str = "last",
         splat_chunk_pairs: int = DEFAULT_CHUNK_PAIRS,
         image_size: Sequence[int] = (864, 1600),
+        compile_scope: str = "image_encoder",
     ) -> None:
         super().__init__()
         if loss_layers not in LOSS_LAYER_CHOICES:
             raise ValueError(f"loss_layers={loss_layers!r}; valid choices: {LOSS_LAYER_CHOICES}")
+        if compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"compile_scope={compile_scope!r}; valid choices: {', '.join(COMPILE_SCOPES)}")
+        self.compile_scope = compile_scope
         self.grid = GridSpec(tuple(int(v) for v in grid_shape), tuple(float(v) for v in grid_lower), float(voxel_size))
         self.num_classes = num_classes
         self.empty_label = empty_label
@@ -133,8 +138,22 @@ class GaussianFormer(nn.Module):
         return layers
 
     def compile_units(self) -> dict[str, nn.Module]:
-        """What ``accel.compile`` compiles: the image backbone + FPN (static shapes, most FLOPs)."""
-        return {"image_encoder": self.image_encoder}
+        """What ``accel.compile`` compiles.
+
+        ``image_encoder`` (default): the image backbone + FPN (static shapes, most FLOPs).
+        ``encoder``: also the anchor encoder and, in every block, the deformable aggregation, the FFN
+        and the Gaussian refinement: all on a fixed number of Gaussians, so shapes are static. Left
+        eager: the sparse convolution (its voxel neighbourhoods change with the Gaussians) and the
+        splatting head (chunks of Gaussian-voxel pairs). Meant for GPUs, where the model is
+        GPU-bound; its effect is not measured yet.
+        """
+        units: dict[str, nn.Module] = {"image_encoder": self.image_encoder}
+        if self.compile_scope == "encoder":
+            units["anchor_encoder"] = self.anchor_encoder
+            for i, block in enumerate(self.blocks):
+                units.update({f"blocks.{i}.aggregation": block.aggregation, f"blocks.{i}.ffn": block.ffn,
+                              f"blocks.{i}.refine": block.refine})
+        return units
 
     def forward(self, batch: dict[str, Any]) -> dict[str, Any]:
         layers = self.encode(batch)
