@@ -114,3 +114,25 @@ def test_side_stream_batches_match_the_inline_path_on_cuda():
     got = [b["x"].cpu() for b in wrapped]
     expected = [heavy(move(b, device))["x"].cpu() for b in loader()]
     assert all(torch.equal(g, e) for g, e in zip(got, expected))
+
+
+def test_the_wrapper_over_an_epoch_stream_keeps_epochs_and_one_iterator():
+    """device_prefetch over prefetch_across_epochs: the stream still follows Lightning's epochs."""
+    from drivebench.data.epoch_stream import EpochStream
+
+    module = Recorder()
+    stream = EpochStream(RandomBatchSampler(24, 4, seed=3),
+                         lambda bs: DataLoader(Indexed(), batch_sampler=bs, collate_fn=collate), keyed=False)
+    wrapped = DevicePrefetchLoader(stream, torch.device("cpu"), module.move_batch, double)
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=3, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, train_dataloaders=wrapped)
+    sampler = RandomBatchSampler(24, 4, seed=3)
+    expected = []
+    for epoch in (0, 1, 2):
+        sampler.set_epoch(epoch)
+        expected += [list(b) for b in sampler]
+    assert module.seen == expected
+    # Lightning iterates its loader once before training starts; the prefetch thread may already have
+    # drawn a batch from that iterator, and then epoch 0 starts over once. No restarts after that.
+    assert stream.iterator_starts <= 2

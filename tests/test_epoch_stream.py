@@ -142,3 +142,12 @@ def test_close_stops_persistent_workers():
     assert len(multiprocessing.active_children()) == before + 2
     stream.close()
     assert len(multiprocessing.active_children()) == before
+
+
+def test_iterating_an_epoch_again_starts_it_over_like_a_dataloader():
+    expected = _epoch_by_epoch(22, 4, 1)
+    stream = EpochStream(RandomBatchSampler(22, 4, seed=7), _loader_factory(KeyEcho(22), 0))
+    stale = iter(stream)
+    next(stale), next(stale)  # two batches drawn, then the epoch is iterated again
+    assert [b.tolist() for b in stream] == expected[0]
+    assert list(stale) == [], "an older iterator of the stream stops instead of stealing batches"

@@ -10,8 +10,11 @@ those of the epoch-by-epoch loader (the sampler's plan depends on seed and epoch
 sample's augmentation on its :class:`SampleKey`), so the knob moves work in time and changes no
 number.
 
-Lightning's ``set_epoch`` reaches :attr:`sampler`; an epoch that does not continue where the stream
-stands (a resume, an abandoned epoch) restarts the stream there.
+Lightning's ``set_epoch`` reaches :attr:`sampler`. Like a DataLoader, each iteration starts its epoch
+from the beginning (the first one: from the resume point); only when that is exactly where the
+stream stands (the previous epoch ran to its end) do the prefetched batches carry over. Otherwise
+(a resume, an epoch abandoned part-way, a wrapper that drew ahead from an iterator Lightning then
+dropped) the stream restarts there, and an older iterator stops yielding.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ class EpochStream:
         self.sampler = _EpochRequest(self)
         self.iterator_starts = 0  # 1 when one loader iterator served every epoch
         self._iterator: Iterator[Any] | None = None
+        self._first_skip = int(start[1])  # only the first epoch iterated skips (a resume)
+        self._generation = 0  # bumped by every __iter__: an older epoch iterator stops yielding
 
     @property
     def dataset(self) -> Any:
@@ -77,16 +82,20 @@ class EpochStream:
         self.iterator_starts += 1
 
     def __iter__(self) -> Iterator[Any]:
+        self._generation += 1
+        generation = self._generation
         epoch = self.requested_epoch if self.requested_epoch is not None else self.position[0]
         self.requested_epoch = None
-        if epoch != self.position[0]:  # a resume, or an epoch abandoned part-way
-            self._restart(epoch, 0)
-        elif self._iterator is None:
-            self._restart(*self.position)
+        # like a DataLoader, every iteration starts its epoch at the beginning (or, the first time,
+        # at the resume point); only an epoch that continues where the stream stands reuses it
+        target = (epoch, self._first_skip)
+        self._first_skip = 0
+        if self._iterator is None or self.position != target:
+            self._restart(*target)
         n = len(self.plans.plan(epoch))
         if self.position == (epoch, n):  # resumed after an epoch's last batch: nothing left in it
             self.position = (epoch + 1, 0)
-        while self.position[0] == epoch:
+        while self.position[0] == epoch and generation == self._generation:
             batch = next(self._iterator)
             done = self.position[1] + 1
             # moved on before the yield: Lightning stops asking after len(self) batches, so code
