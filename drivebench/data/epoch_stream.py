@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 from torch.utils.data import DataLoader
 
-from drivebench.data.sampling import ContinuousBatches, EpochBatchSampler, SampleKey  # noqa: F401 (docs)
+from drivebench.data.sampling import ContinuousBatches, EpochBatchSampler
 
 
 class _EpochRequest:

@@ -117,6 +117,11 @@ def sample_key(item: Any, epoch: int) -> SampleKey:
     return SampleKey(int(item), int(epoch))
 
 
+def keyed_batch(batch: list[Any], epoch: int) -> list[SampleKey]:
+    """A batch as a sampler yields it, each item keyed with ``epoch``."""
+    return [sample_key(item, epoch) for item in batch]
+
+
 def unpack_key(item: Any) -> tuple[int, int | None, bool]:
     """(index, epoch or None, prev_exists) from whatever a dataset's ``__getitem__`` received."""
     if isinstance(item, SampleKey):
@@ -141,7 +146,7 @@ class KeyedBatches(Sampler[list[SampleKey]]):
     def __iter__(self) -> Iterator[list[SampleKey]]:
         epoch = self.batches.epoch
         for batch in self.batches:
-            yield [sample_key(item, epoch) for item in batch]
+            yield keyed_batch(batch, epoch)
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -165,5 +170,5 @@ class ContinuousBatches(Sampler[list[SampleKey]]):
                 raise ValueError(f"epoch {epoch} has no batches for this rank: the dataset is smaller than one "
                                  "batch per rank; lower the batch size or add data")
             for batch in plan[skip:]:
-                yield [sample_key(item, epoch) for item in batch] if self.keyed else batch
+                yield keyed_batch(batch, epoch) if self.keyed else batch
             epoch, skip = epoch + 1, 0

@@ -14,6 +14,8 @@ from typing import Any, Protocol, Sequence
 
 import torch.distributed as dist
 
+from drivebench.dist import gather_objects
+
 
 class MergeableMetric(Protocol):
     def state(self) -> Any:
@@ -32,9 +34,6 @@ def merge_across_ranks(metrics: Sequence[MergeableMetric]) -> bool:
     metrics to merge), False when the caller should fall back to averaging per-rank values."""
     if not metrics or not distributed():
         return False
-    world = dist.get_world_size()
     for metric in metrics:
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, metric.state())
-        metric.merge(gathered)
+        metric.merge(gather_objects(metric.state()))
     return True
