@@ -124,6 +124,48 @@ def test_tiny_preset_keeps_pointpillars_consistent_and_user_options_win():
     assert n_tiny < n_full / 10, (n_tiny, n_full)
 
 
+def test_bf16_arguments_reach_half_only_ops_as_float32():
+    import torch
+
+    from drivebench.openmmlab.amp import float32_for_bf16
+
+    seen = []
+    op = float32_for_bf16(lambda *a, **k: seen.append([x.dtype for x in (*a, *k.values()) if torch.is_tensor(x)]))
+    op(torch.ones(2, dtype=torch.bfloat16), torch.ones(2, dtype=torch.long), 2.0, w=torch.ones(1, dtype=torch.bfloat16))
+    op(torch.ones(2, dtype=torch.float16), torch.ones(2))
+    assert seen == [[torch.float32, torch.long, torch.float32], [torch.float16, torch.float32]]
+    assert float32_for_bf16(op) is op  # wrapping twice is a no-op
+
+
+@pytest.mark.openmmlab
+@pytest.mark.usefixtures("openmmlab_stack")
+def test_registering_mmdet3d_wraps_mmdets_focal_loss_op():
+    import mmdet.models.losses.focal_loss as focal
+
+    from drivebench.openmmlab import register_mmdet3d
+
+    register_mmdet3d()
+    assert getattr(focal._sigmoid_focal_loss, "_drivebench_float32_for_bf16", False)
+
+
+@pytest.mark.openmmlab
+@pytest.mark.usefixtures("openmmlab_stack")
+def test_preprocessor_casts_to_the_device_the_module_is_on():
+    """Lightning moves the module with nn.Module.to, which never reaches mmengine's own device record;
+    on a GPU the batch was voxelised on the host while the weights were on the device (H200, part 11)."""
+    import torch
+    from mmdet3d.structures import Det3DDataSample
+
+    from drivebench.openmmlab.module import build_net
+
+    net = build_net(CONFIG, "tiny")
+    net.model.data_preprocessor._device = torch.device("meta")  # a stale record, as after Lightning's move
+    batch = {"inputs": {"points": [torch.rand(200, 5) * 20]}, "data_samples": [Det3DDataSample()]}
+    out = net.preprocess(batch, True, torch.device("cpu"))
+    assert out["inputs"]["voxels"]["voxels"].device.type == "cpu"
+    assert net.model.data_preprocessor.device == torch.device("cpu")
+
+
 @pytest.mark.openmmlab
 @pytest.mark.usefixtures("openmmlab_stack")
 def test_cli_errors_are_one_line(drivebench_cache: Path, tmp_path: Path):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU benchmark, part 11 (not yet run; one H200, or GPU 0 of two): the OpenMMLab runner comparison of
+# GPU benchmark, part 11 (one H200, or GPU 0 of two): the OpenMMLab runner comparison of
 # issue 11 on the H200. mmcv 2.1.0 with CUDA ops is built from the sdist in .whl/mm
 # (scripts/device/openmmlab_wheels.sh; 175 s on 32 cores in part 10) unless a wheel built here before
 # was put back into .whl/mm (the build is copied to $OUT for that). Then PointPillars at its config
@@ -20,12 +20,14 @@ fi
 python3 -m pip install -q --no-index --no-deps --no-compile --target .site "$W" .whl/mm/mm*.whl .whl/mm/lyft*.whl \
   .whl/mm/addict*.whl .whl/mm/yapf*.whl .whl/mm/terminaltables*.whl .whl/mm/trimesh*.whl .whl/mm/networkx*.whl \
   .whl/mm/platformdirs*.whl .whl/mm/termcolor*.whl .whl/mm/rich*.whl .whl/mm/markdown_it*.whl .whl/mm/mdurl*.whl \
-  .whl/mm/regex*.whl >> "$OUT/log.txt" 2>&1
-log "=== runner comparison ($(left)s left)"
-timeout -k 5 $(( $(left) - 30 )) python3 -m drivebench -m model=mmdet3d +repeat=1 accel=none,max bench=mmengine,train \
-  bench.steps=30 bench.warmup_steps=5 bench.ceiling=false bench.val_batches=0 ckpt=none "hydra.sweep.dir=$RUNS/mm" \
-  'hydra.sweep.subdir=${hydra.job.num}_${bench.mode}_${accel.name}' > "$RUNS/mm.log" 2>&1
-log "rc=$?"
+  .whl/mm/regex*.whl --upgrade >> "$OUT/log.txt" 2>&1
+# one command per job (a failing job must not take the others with it, as a multirun does)
+mkdir -p "$RUNS/mm"
+M="model=mmdet3d bench.steps=30 bench.warmup_steps=5 bench.ceiling=false bench.val_batches=0 ckpt=none"
+run mm/0_mmengine_none 120 $M accel=none bench=mmengine
+run mm/1_train_none 120 $M accel=none
+run mm/2_train_max 200 $M accel=max
+run mm/3_mmengine_max 200 $M accel=max bench=mmengine
 timeout 20 python3 -m drivebench.openmmlab.compare "$RUNS/mm" >> "$OUT/log.txt" 2>&1
 bundle
 log "done in $(( $(date +%s) - START ))s"
