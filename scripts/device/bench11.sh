@@ -17,7 +17,7 @@ if [[ -z "$W" ]]; then
   [[ -n "$W" ]] && cp "$W" "$OUT/"
 fi
 [[ -n "$W" ]] || { log "no mmcv wheel"; exit 1; }
-python3 -m pip install -q --no-index --no-deps --no-compile --target .site "$W" .whl/mm/mm*.whl .whl/mm/lyft*.whl \
+python3 -m pip install -q --no-index --no-deps --no-compile --target .site "$W" .whl/mm/mmengine*.whl .whl/mm/mmdet*.whl .whl/mm/lyft*.whl \
   .whl/mm/addict*.whl .whl/mm/yapf*.whl .whl/mm/terminaltables*.whl .whl/mm/trimesh*.whl .whl/mm/networkx*.whl \
   .whl/mm/platformdirs*.whl .whl/mm/termcolor*.whl .whl/mm/rich*.whl .whl/mm/markdown_it*.whl .whl/mm/mdurl*.whl \
   .whl/mm/regex*.whl --upgrade >> "$OUT/log.txt" 2>&1
