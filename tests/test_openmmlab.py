@@ -124,28 +124,39 @@ def test_tiny_preset_keeps_pointpillars_consistent_and_user_options_win():
     assert n_tiny < n_full / 10, (n_tiny, n_full)
 
 
-def test_bf16_arguments_reach_half_only_ops_as_float32():
+def test_half_arguments_reach_float32_only_code_as_float32():
     import torch
 
-    from drivebench.openmmlab.amp import float32_for_bf16
+    from drivebench.openmmlab.amp import HALF_TYPES, float32_for
 
     seen = []
-    op = float32_for_bf16(lambda *a, **k: seen.append([x.dtype for x in (*a, *k.values()) if torch.is_tensor(x)]))
+    op = float32_for(lambda *a, **k: seen.append([x.dtype for x in (*a, *k.values()) if torch.is_tensor(x)]))
     op(torch.ones(2, dtype=torch.bfloat16), torch.ones(2, dtype=torch.long), 2.0, w=torch.ones(1, dtype=torch.bfloat16))
     op(torch.ones(2, dtype=torch.float16), torch.ones(2))
     assert seen == [[torch.float32, torch.long, torch.float32], [torch.float16, torch.float32]]
-    assert float32_for_bf16(op) is op  # wrapping twice is a no-op
+    assert float32_for(op) is op  # wrapping twice is a no-op
+    float32_for(lambda x: seen.append(x.dtype), HALF_TYPES)(torch.ones(1, dtype=torch.float16))
+    assert seen[-1] == torch.float32
 
 
 @pytest.mark.openmmlab
 @pytest.mark.usefixtures("openmmlab_stack")
-def test_registering_mmdet3d_wraps_mmdets_focal_loss_op():
+def test_pointpillars_trains_under_bf16_autocast(drivebench_cache: Path, tmp_path: Path):
+    """mmdet3d's naiveSyncBN2d asserts float32 input: under autocast it stopped the first step (H200, part
+    11), on the CPU too. Registering mmdet3d wraps it (and mmcv's focal-loss op) to take float32."""
     import mmdet.models.losses.focal_loss as focal
+    from mmdet3d.models.layers import norm
 
     from drivebench.openmmlab import register_mmdet3d
 
     register_mmdet3d()
-    assert getattr(focal._sigmoid_focal_loss, "_drivebench_float32_for_bf16", False)
+    assert focal._sigmoid_focal_loss._drivebench_float32_for and norm.NaiveSyncBatchNorm2d.forward._drivebench_float32_for
+    proc = run_cli([*TINY, "accel=none", "accel.precision=bf16-mixed", "bench.steps=3", "bench.warmup_steps=1",
+                    "bench.ceiling=false", "bench.val_batches=0", "ckpt=none", f"hydra.run.dir={tmp_path}"],
+                   drivebench_cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["settings"]["accel"]["precision"] == "bf16-mixed" and s["loss"]["nonfinite_steps"] == 0, s["settings"]
 
 
 @pytest.mark.openmmlab

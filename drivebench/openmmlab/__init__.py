@@ -64,9 +64,9 @@ def register_mmdet3d() -> None:
     from mmengine.logging import MMLogger
 
     register_all_modules(init_default_scope=True)
-    from drivebench.openmmlab.amp import patch_half_only_ops
+    from drivebench.openmmlab.amp import patch_float32_only
 
-    patch_half_only_ops()  # bf16 autocast reaches mmcv ops compiled for float/half only
+    patch_float32_only()  # bf16 autocast reaches code written for float32/float16 only
     logger = MMLogger.get_current_instance()
     logger.setLevel(logging.WARNING)
     for handler in list(logger.handlers):  # a finished mmengine Runner's log file (multirun: an earlier job)

@@ -237,10 +237,10 @@ class MMEngineBench(TrainBench):
     def _train_phase(self, run: Run, logger: Any, monitor: SystemMonitor, summary: dict[str, Any]) -> None:
         from mmengine.runner import Runner
 
-        from drivebench.openmmlab.amp import patch_half_only_ops
+        from drivebench.openmmlab.amp import patch_float32_only
 
         cfg = self.runner_config(run)
-        self.mapping["bf16_float32_ops"] = patch_half_only_ops()  # as under drivebench (register_mmdet3d)
+        self.mapping["float32_only_wrapped"] = patch_float32_only()  # as under drivebench (register_mmdet3d)
         hook = make_timing_hook(self.warmup_steps, monitor, logger, self.log_every_n_steps)
         runner = Runner.from_cfg(cfg)
         runner.register_hook(hook)

@@ -24,10 +24,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target .site "$W" 
 # one command per job (a failing job must not take the others with it, as a multirun does)
 mkdir -p "$RUNS/mm"
 M="model=mmdet3d bench.steps=30 bench.warmup_steps=5 bench.ceiling=false bench.val_batches=0 ckpt=none"
-run mm/0_mmengine_none 120 $M accel=none bench=mmengine
+run mm/0_mmengine_none 150 $M accel=none bench=mmengine  # the first also writes the mmdet3d infos
 run mm/1_train_none 120 $M accel=none
-run mm/2_train_max 200 $M accel=max
-run mm/3_mmengine_max 200 $M accel=max bench=mmengine
+run mm/2_train_max 180 $M accel=max
+run mm/3_mmengine_max 180 $M accel=max bench=mmengine
+run mm/4_train_none 90 $M accel=none  # repeats in the other order, as time allows
+run mm/5_mmengine_none 90 $M accel=none bench=mmengine
 timeout 20 python3 -m drivebench.openmmlab.compare "$RUNS/mm" >> "$OUT/log.txt" 2>&1
 bundle
 log "done in $(( $(date +%s) - START ))s"
