@@ -6,21 +6,7 @@
 # size on the embedded nuScenes set: mmengine's runner vs drivebench, accel=none and max, 30 steps each.
 export LIMIT=${LIMIT:-570}; source scripts/device/lib.sh || exit 1
 export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0
-export PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.whl/mm TORCH_CUDA_ARCH_LIST=9.0 DRIVEBENCH_CACHE=/tmp/drivebench-cache
-W=$(ls .whl/mm/mmcv-2.1.0-cp312-*.whl 2>/dev/null | head -1)
-if [[ -z "$W" ]]; then
-  mkdir -p /tmp/drivebench-cache/wheels/src && cp .whl/mm/mmcv-2.1.0.tar.gz /tmp/drivebench-cache/wheels/src/
-  t0=$(date +%s)
-  timeout -k 5 300 python3 -m drivebench.openmmlab.install --wheel-only --jobs "$(nproc)" >> "$OUT/log.txt" 2>&1
-  log "build rc=$? in $(( $(date +%s) - t0 ))s"
-  W=$(ls /tmp/drivebench-cache/wheels/*/mmcv-2.1.0-*.whl 2>/dev/null | head -1)
-  [[ -n "$W" ]] && cp "$W" "$OUT/"
-fi
-[[ -n "$W" ]] || { log "no mmcv wheel"; exit 1; }
-python3 -m pip install -q --no-index --no-deps --no-compile --target .site "$W" .whl/mm/mmengine*.whl .whl/mm/mmdet*.whl .whl/mm/lyft*.whl \
-  .whl/mm/addict*.whl .whl/mm/yapf*.whl .whl/mm/terminaltables*.whl .whl/mm/trimesh*.whl .whl/mm/networkx*.whl \
-  .whl/mm/platformdirs*.whl .whl/mm/termcolor*.whl .whl/mm/rich*.whl .whl/mm/markdown_it*.whl .whl/mm/mdurl*.whl \
-  .whl/mm/regex*.whl --upgrade >> "$OUT/log.txt" 2>&1
+source scripts/device/openmmlab_stack.sh
 # one command per job (a failing job must not take the others with it, as a multirun does)
 mkdir -p "$RUNS/mm"
 M="model=mmdet3d bench.steps=30 bench.warmup_steps=5 bench.ceiling=false bench.val_batches=0 ckpt=none"
