@@ -151,3 +151,19 @@ def test_iterating_an_epoch_again_starts_it_over_like_a_dataloader():
     next(stale), next(stale)  # two batches drawn, then the epoch is iterated again
     assert [b.tolist() for b in stream] == expected[0]
     assert list(stale) == [], "an older iterator of the stream stops instead of stealing batches"
+
+
+def test_stop_workers_ends_the_workers_a_persistent_loader_keeps():
+    """mmengine's runner leaves its persistent workers to interpreter exit, where their join hung on
+    the H200; stop_workers ends them while the process is whole."""
+    from drivebench.data.epoch_stream import stop_workers
+
+    loader = DataLoader(list(range(8)), batch_size=2, num_workers=2, persistent_workers=True)
+    iterator = iter(loader)
+    assert next(iterator).tolist() == [0, 1]
+    workers = list(iterator._workers)
+    assert loader._iterator is iterator and all(w.is_alive() for w in workers)
+    stop_workers(loader, iterator)
+    assert loader._iterator is None
+    assert not any(w.is_alive() for w in workers)
+    assert torch.cat(list(loader)).tolist() == list(range(8))  # the loader still works afterwards

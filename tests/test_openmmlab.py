@@ -161,6 +161,18 @@ def test_pointpillars_trains_under_bf16_autocast(drivebench_cache: Path, tmp_pat
 
 @pytest.mark.openmmlab
 @pytest.mark.usefixtures("openmmlab_stack")
+def test_compile_scope_picks_what_accel_compile_compiles():
+    from drivebench.openmmlab.module import build_net
+
+    assert build_net(CONFIG, "tiny").compile_units() == {}  # default: slower compiled on the H200
+    assert set(build_net(CONFIG, "tiny", compile_scope="dense").compile_units()) == {
+        "pts_backbone", "pts_neck", "pts_bbox_head"}
+    with pytest.raises(ConfigError, match="compile_scope='all' is not valid; choose one of: none, dense"):
+        build_net(CONFIG, "tiny", compile_scope="all")
+
+
+@pytest.mark.openmmlab
+@pytest.mark.usefixtures("openmmlab_stack")
 def test_preprocessor_casts_to_the_device_the_module_is_on():
     """Lightning moves the module with nn.Module.to, which never reaches mmengine's own device record;
     on a GPU the batch was voxelised on the host while the weights were on the device (H200, part 11)."""

@@ -26,6 +26,7 @@ import torch
 
 from drivebench.app import Run
 from drivebench.bench.runners import TrainBench
+from drivebench.data.epoch_stream import stop_workers
 from drivebench.errors import ConfigError
 from drivebench.openmmlab.configs import load_config
 from drivebench.perf.callback import PhaseTimes, StepRecord
@@ -221,11 +222,14 @@ class MMEngineBench(TrainBench):
                 raise ConfigError(f"bench=mmengine: accel.precision={accel.precision} has no mmengine equivalent; "
                                   "use 32-true, bf16-mixed or 16-mixed")
             env["cudnn_benchmark"] = accel.cudnn_benchmark
-            if accel.compile:
+            # as drivebench does: compile only where the model's compile_scope asks for it (PointPillars
+            # on the H200: mmengine's whole-train_step compile was still compiling after 180 s)
+            compile_now = bool(accel.compile) and run.cfg.model.net.get("compile_scope", "none") != "none"
+            if compile_now:
                 cfg.compile = True  # mmengine compiles the whole train_step
             mapped.update(optim_wrapper=wrapper["type"], amp_dtype=wrapper.get("dtype"),
                           cudnn_benchmark=accel.cudnn_benchmark,
-                          compile="train_step (whole)" if accel.compile else False,
+                          compile="train_step (whole)" if compile_now else False,
                           tf32=accel.tf32, drivebench_only={k: getattr(accel, k) for k in DRIVEBENCH_ONLY})
         else:
             mapped.update(optim_wrapper=wrapper.get("type", "OptimWrapper"), note="the config's own settings")
@@ -248,7 +252,11 @@ class MMEngineBench(TrainBench):
             torch.cuda.reset_peak_memory_stats()
         try:
             runner.train()
-        finally:  # the runner's log file stays attached to mmengine's global logger otherwise
+        finally:
+            loop = getattr(runner, "_train_loop", None)  # a dict until runner.train() built the loop
+            if hasattr(loop, "dataloader"):
+                stop_workers(loop.dataloader, getattr(getattr(loop, "dataloader_iterator", None), "_iterator", None))
+            # the runner's log file stays attached to mmengine's global logger otherwise
             for handler in list(runner.logger.handlers):
                 if isinstance(handler, logging.FileHandler):
                     handler.close()
