@@ -173,6 +173,59 @@ def test_compile_scope_picks_what_accel_compile_compiles():
 
 @pytest.mark.openmmlab
 @pytest.mark.usefixtures("openmmlab_stack")
+@pytest.mark.parametrize("voxel_size, max_points, max_voxels", [
+    ([0.25, 0.25, 8.0], 64, (30000, 40000)),  # nuScenes PointPillars' settings
+    ([4.0, 4.0, 8.0], 5, (300, 400)),         # full voxels and the voxel limit both bite
+    ([1.0, 1.0, 1.0], 3, (100000, 100000)),
+])
+def test_sorted_voxelization_gives_mmcvs_voxels(voxel_size, max_points, max_voxels):
+    import torch
+    from mmcv.ops import Voxelization
+
+    from drivebench.openmmlab.voxelize import SortedVoxelization
+
+    generator = torch.Generator().manual_seed(0)
+    points = torch.rand(20000, 5, generator=generator)
+    points[:, :2] = points[:, :2] * 120 - 60  # some outside the range
+    points[:, 2] = points[:, 2] * 8 - 4
+    points[:5000, :3] = points[:5000, :3] * 0.05  # a dense cluster, as near a LiDAR
+    reference = Voxelization(voxel_size, [-50, -50, -3, 50, 50, 3], max_points, max_voxels)
+    sorted_layer = SortedVoxelization.like(reference)
+    for training in (True, False):
+        reference.train(training)
+        sorted_layer.train(training)
+        expected, got = reference(points), sorted_layer(points)
+        for a, b in zip(expected, got):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    assert expected[0].size(0) > 0
+    empty = sorted_layer(points[:0])
+    assert [tuple(t.shape) for t in empty] == [(0, max_points, 5), (0, 3), (0,)]
+
+
+@pytest.mark.openmmlab
+@pytest.mark.usefixtures("openmmlab_stack")
+def test_voxelizer_sorted_swaps_the_preprocessors_layer_and_keeps_its_output():
+    import torch
+    from mmdet3d.structures import Det3DDataSample
+
+    from drivebench.openmmlab.module import build_net
+    from drivebench.openmmlab.voxelize import SortedVoxelization
+
+    mmcv_net, sorted_net = build_net(CONFIG, "tiny"), build_net(CONFIG, "tiny", voxelizer="sorted")
+    assert isinstance(sorted_net.model.data_preprocessor.voxel_layer, SortedVoxelization)
+    generator = torch.Generator().manual_seed(1)
+    points = [torch.rand(3000, 5, generator=generator) * 40 - 20 for _ in range(2)]
+    batch = lambda: {"inputs": {"points": [p.clone() for p in points]},  # noqa: E731
+                     "data_samples": [Det3DDataSample(), Det3DDataSample()]}
+    a = mmcv_net.preprocess(batch(), True, torch.device("cpu"))["inputs"]["voxels"]
+    b = sorted_net.preprocess(batch(), True, torch.device("cpu"))["inputs"]["voxels"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ConfigError, match="voxelizer='fast' is not valid; choose one of: mmcv, sorted"):
+        build_net(CONFIG, "tiny", voxelizer="fast")
+
+
+@pytest.mark.openmmlab
+@pytest.mark.usefixtures("openmmlab_stack")
 def test_preprocessor_casts_to_the_device_the_module_is_on():
     """Lightning moves the module with nn.Module.to, which never reaches mmengine's own device record;
     on a GPU the batch was voxelised on the host while the weights were on the device (H200, part 11)."""
@@ -315,3 +368,14 @@ def test_doctor_lists_the_compiled_ops_and_the_torch_they_were_built_for():
     assert data["cpu_ops_run"] == ["nms", "voxelization"]
     assert data["built_for"] == f"torch {torch.__version__} (cpu ops)", data["built_for"]
     assert "compiled ops" in result.saw and torch.__version__ in result.saw
+
+
+@pytest.mark.openmmlab
+@pytest.mark.usefixtures("openmmlab_stack")
+def test_voxel_bench_times_both_and_checks_they_agree(capsys: pytest.CaptureFixture[str]):
+    from drivebench.openmmlab.voxel_bench import main
+
+    assert main(["--points", "3000", "--repeats", "3", "--warmup", "1", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "same voxels: True" in out and "mmcv / sorted (medians)" in out
+    assert out.count(" ms [") == 2

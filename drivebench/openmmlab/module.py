@@ -21,6 +21,7 @@ from drivebench.errors import ConfigError
 from drivebench.lit.base import DriveModule
 from drivebench.openmmlab import register_mmdet3d
 from drivebench.openmmlab.configs import load_config
+from drivebench.openmmlab.voxelize import VOXELIZERS, SortedVoxelization
 
 COMPILE_SUFFIXES = ("backbone", "neck", "bbox_head")
 COMPILE_SCOPES = ("none", "dense")
@@ -70,15 +71,20 @@ class MMDet3DNet(nn.Module):
 
 
 def build_net(config: str, preset: str = "config", cfg_options: dict | None = None,
-              compile_scope: str = "none") -> MMDet3DNet:
-    """Build ``config``'s model through mmdet3d's registry and initialise its weights (as the runner does)."""
+              compile_scope: str = "none", voxelizer: str = "mmcv") -> MMDet3DNet:
+    """Build ``config``'s model through mmdet3d's registry and initialise its weights (as the runner does);
+    ``voxelizer="sorted"`` swaps mmcv's hard voxelisation layer for :class:`SortedVoxelization`."""
     register_mmdet3d()
     from mmdet3d.registry import MODELS
 
+    if voxelizer not in VOXELIZERS:
+        raise ConfigError(f"model.net.voxelizer={voxelizer!r} is not valid; choose one of: {', '.join(VOXELIZERS)}")
     cfg = load_config(config, preset, cfg_options)
     model = MODELS.build(cfg.model)
     if hasattr(model, "init_weights"):
         model.init_weights()
+    if voxelizer == "sorted":
+        use_sorted_voxelization(model, config)
     optim = cfg.get("optim_wrapper")
     if optim is None:
         raise ConfigError(f"{config}: the config has no optim_wrapper; set model.optimizer to a torch optimizer")
@@ -87,6 +93,19 @@ def build_net(config: str, preset: str = "config", cfg_options: dict | None = No
         scheds = [scheds]
     return MMDet3DNet(model, optim.to_dict() if hasattr(optim, "to_dict") else dict(optim),
                       [dict(s) for s in scheds], dict(cfg._drivebench), compile_scope)
+
+
+def use_sorted_voxelization(model: nn.Module, config: str) -> None:
+    """Replace every hard-voxelisation layer (``voxel_layer`` with ``max_num_points`` > 0) in place."""
+    replaced = 0
+    for module in model.modules():
+        layer = getattr(module, "voxel_layer", None)
+        if isinstance(layer, nn.Module) and getattr(layer, "max_num_points", -1) > 0:
+            module.voxel_layer = SortedVoxelization.like(layer)
+            replaced += 1
+    if not replaced:
+        raise ConfigError(f"model.net.voxelizer=sorted: {config} has no hard voxelisation layer (a data "
+                          "preprocessor voxel_layer with max_num_points > 0); use model.net.voxelizer=mmcv")
 
 
 class MMDet3DModule(DriveModule):

@@ -18,8 +18,8 @@ from drivebench.openmmlab.presets import PRESETS
 @register_model("mmdet3d", sizes={name: {"preset": name} for name in PRESETS}, default_size="config",
                 upstream="mmdetection3d 1.4.0")
 def build_mmdet3d(preset: str, config: str, cfg_options: dict[str, Any] | None = None,
-                  compile_scope: str = "none") -> nn.Module:
+                  compile_scope: str = "none", voxelizer: str = "mmcv") -> nn.Module:
     """The config's model at size ``preset`` with ``cfg_options`` on top (an MMDet3DNet)."""
     from drivebench.openmmlab.module import build_net
 
-    return build_net(config, preset, cfg_options, compile_scope)
+    return build_net(config, preset, cfg_options, compile_scope, voxelizer)
