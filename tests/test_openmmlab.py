@@ -217,8 +217,8 @@ def test_voxelizer_sorted_swaps_the_preprocessors_layer_and_keeps_its_output():
     points = [torch.rand(3000, 5, generator=generator) * 40 - 20 for _ in range(2)]
     batch = lambda: {"inputs": {"points": [p.clone() for p in points]},  # noqa: E731
                      "data_samples": [Det3DDataSample(), Det3DDataSample()]}
-    a = mmcv_net.preprocess(batch(), True, torch.device("cpu"))["inputs"]["voxels"]
-    b = sorted_net.preprocess(batch(), True, torch.device("cpu"))["inputs"]["voxels"]
+    a = mmcv_net.preprocess(batch(), True)["inputs"]["voxels"]
+    b = sorted_net.preprocess(batch(), True)["inputs"]["voxels"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(ConfigError, match="voxelizer='fast' is not valid; choose one of: mmcv, sorted"):
         build_net(CONFIG, "tiny", voxelizer="fast")
@@ -231,13 +231,15 @@ def test_preprocessor_casts_to_the_device_the_module_is_on():
     on a GPU the batch was voxelised on the host while the weights were on the device (H200, part 11)."""
     import torch
     from mmdet3d.structures import Det3DDataSample
+    from torch import nn
 
     from drivebench.openmmlab.module import build_net
 
     net = build_net(CONFIG, "tiny")
-    net.model.data_preprocessor._device = torch.device("meta")  # a stale record, as after Lightning's move
+    net.model.data_preprocessor._device = torch.device("meta")  # a stale record
+    nn.ModuleDict({"net": net}).to(torch.device("cpu"))  # a parent's move, as Lightning's: never net.to
     batch = {"inputs": {"points": [torch.rand(200, 5) * 20]}, "data_samples": [Det3DDataSample()]}
-    out = net.preprocess(batch, True, torch.device("cpu"))
+    out = net.preprocess(batch, True)
     assert out["inputs"]["voxels"]["voxels"].device.type == "cpu"
     assert net.model.data_preprocessor.device == torch.device("cpu")
 

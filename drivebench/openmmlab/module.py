@@ -42,20 +42,22 @@ class MMDet3DNet(nn.Module):
         self.param_scheduler_cfg = param_scheduler
         self.source = source  # config path, preset and overrides, for the summary
 
-    def preprocess(self, batch: dict, training: bool, device: torch.device) -> dict:
-        """The model's data_preprocessor on ``device``: cast, voxelisation, padding (and batch augments).
+    def _apply(self, fn: Callable, recurse: bool = True) -> "MMDet3DNet":
+        """Keep mmengine's device record with the weights after any move.
 
-        mmengine's preprocessor casts to a device it records in its own ``to()``/``cuda()``; Lightning
-        moves the LightningModule with ``nn.Module.to``, whose recursion never calls the children's
-        ``to()``, so the record would stay ``cpu`` and the batch would be voxelised on the host while
-        the weights sit on the GPU. The record is brought to ``device`` here, where the cast happens.
-        """
-        pre = self.model.data_preprocessor
-        if getattr(pre, "_device", device) != device:
-            for module in self.model.modules():
-                if hasattr(module, "_device") and hasattr(module, "cast_data"):
-                    module._device = device
-        return pre(batch, training)
+        mmengine's data preprocessor casts batches to a device it records in its own ``to()`` /
+        ``cuda()``; Lightning moves the LightningModule with ``nn.Module.to``, whose recursion calls
+        ``_apply`` and never the children's ``to()``, so the record stayed ``cpu`` and the batch was
+        voxelised on the host while the weights sat on the GPU (H200, part 11)."""
+        super()._apply(fn, recurse)
+        param = next(self.model.parameters(), None)
+        if param is not None and hasattr(self.model, "_set_device"):
+            self.model._set_device(param.device)
+        return self
+
+    def preprocess(self, batch: dict, training: bool) -> dict:
+        """The model's data_preprocessor: device cast, voxelisation, padding (and batch augments)."""
+        return self.model.data_preprocessor(batch, training)
 
     def forward(self, batch: dict) -> dict[str, Any]:
         return self.model(**batch, mode="loss")
@@ -124,7 +126,7 @@ class MMDet3DModule(DriveModule):
         self.clip_grad = clip
 
     def _preprocess(self, batch: dict) -> dict:
-        return self.net.preprocess(batch, self.training, self.device)
+        return self.net.preprocess(batch, self.training)
 
     # ---- DriveModule contract -----------------------------------------------------------------
     def compute_loss(self, batch: Any, outputs: dict[str, Any]) -> dict[str, torch.Tensor]:
