@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU benchmark, part 11c (one H200, or GPU 0 of two): mmengine's runner at accel=max without compile.
-# In part 11 its own compile (the whole train_step, graph breaks at every mmcv op, recompiles on the
-# voxel counts) was still compiling when the 180 s cap stopped it; this is its best working setting.
+# GPU benchmark, part 11c (one H200, or GPU 0 of two; run right after 11b on the warm machine):
+# drivebench at accel=max without compile, the pair of 11b's mmengine run, and once more with its
+# then-default compile of the backbone, neck and head (warm Inductor cache) against it.
 export LIMIT=${LIMIT:-170}; source scripts/device/lib.sh || exit 1
 export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0
 source scripts/device/openmmlab_stack.sh
