@@ -10,7 +10,6 @@ that both give the same voxels.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from typing import Callable
@@ -18,6 +17,7 @@ from typing import Callable
 import torch
 
 from drivebench.openmmlab import require
+from drivebench.perf.stats import describe
 
 VOXEL_SIZE = [0.25, 0.25, 8.0]  # pointpillars_hv_fpn_nus
 POINT_CLOUD_RANGE = [-50.0, -50.0, -5.0, 50.0, 50.0, 3.0]
@@ -50,8 +50,8 @@ def time_calls(fn: Callable[[], object], warmup: int, repeats: int, device: torc
 
 
 def summary(times: list[float]) -> str:
-    q = statistics.quantiles(times, n=10) if len(times) > 1 else [times[0]] * 9
-    return f"{statistics.median(times) * 1e3:9.2f} ms [{q[0] * 1e3:.2f}, {q[-1] * 1e3:.2f}]"
+    d = describe(times)
+    return f"{d['median'] * 1e3:9.2f} ms [{d['p10'] * 1e3:.2f}, {d['p90'] * 1e3:.2f}]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, layer in (("mmcv", mmcv_layer), ("sorted", sorted_layer)):
         results[name] = time_calls(lambda: layer(points), args.warmup, args.repeats, device)
         print(f"  {name:7s} {summary(results[name])}")
-    ratio = statistics.median(results["mmcv"]) / statistics.median(results["sorted"])
+    ratio = describe(results["mmcv"])["median"] / describe(results["sorted"])["median"]
     print(f"  mmcv / sorted (medians): {ratio:.2f}x")
     return 0 if same else 1
 
