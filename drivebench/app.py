@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from drivebench.accel.compile import apply_compile, to_channels_last
+from drivebench.accel.cuda_graphs import settle_cuda_graphs
 from drivebench.accel.settings import AccelSettings
 from drivebench.ckpt.store import CheckpointWriteError
 from drivebench.data.datamodule import DriveDataModule
@@ -48,6 +49,7 @@ class Run:
     module: DriveModule
     compiled_units: list[str]
     p2p: dict[str, Any] = field(default_factory=dict)
+    cuda_graphs: str = "off"  # on | off | off: <why auto turned them off>
     job: DistJob | None = None
     started: float = field(default_factory=time.time)
 
@@ -144,7 +146,17 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     module.run_config = redact(_plain_config(cfg))
     run = Run(cfg=cfg, machine=machine, accel=accel, output_dir=output_dir, datamodule=datamodule,
               module=module, compiled_units=compiled, p2p=p2p)
-    run.trainer_kwargs()  # validates dist.devices / backend against this machine before any work
+    kwargs = run.trainer_kwargs()  # validates dist.devices / backend against this machine before any work
+    devices = kwargs["devices"]
+    world = (devices if isinstance(devices, int) else len(devices)) * int(kwargs["num_nodes"])
+    try:
+        graphs, run.cuda_graphs = settle_cuda_graphs(accel.cuda_graphs, module.supports_static_shapes, world,
+                                                     int(cfg.trainer.accumulate_grad_batches))
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    accel.cuda_graphs = "on" if graphs else "off"
+    if graphs:
+        module.enable_cuda_graphs()
     return run
 
 

@@ -18,6 +18,7 @@ PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "auto-bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MAX_LOADER_WORKERS = 16
 DEVICE_TRANSFORMS = ("off", "images", "decode")
+CUDA_GRAPHS = ("off", "on", "auto")
 
 
 @dataclass
@@ -44,6 +45,7 @@ class AccelSettings:
     device_transform: str
     device_prefetch: bool
     prefetch_across_epochs: bool
+    cuda_graphs: str  # off | on | auto here; app.build_run settles auto against the model and the run
 
     @classmethod
     def resolve(cls, cfg: Mapping[str, Any], machine: MachineInfo) -> "AccelSettings":
@@ -106,6 +108,14 @@ class AccelSettings:
             device = "decode" if on_gpu else "off"
         if device not in DEVICE_TRANSFORMS:
             raise bad_choice("accel.device_transform", cfg["device_transform"], (*DEVICE_TRANSFORMS, "auto"))
+        graphs = cfg["cuda_graphs"]
+        graphs = {True: "on", False: "off", None: "off"}.get(graphs, graphs)
+        if graphs not in CUDA_GRAPHS:
+            raise bad_choice("accel.cuda_graphs", cfg["cuda_graphs"], CUDA_GRAPHS)
+        if graphs == "on" and not on_gpu:
+            raise ConfigError("accel.cuda_graphs=on needs a CUDA GPU; this machine runs on the CPU (use off or auto)")
+        if not on_gpu:
+            graphs = "off"
         persistent = flag("persistent_workers", num_workers > 0)
         if num_workers == 0:
             persistent, prefetch = False, None  # torch rejects these without workers: a no-op here
@@ -130,6 +140,7 @@ class AccelSettings:
             device_transform=device,
             device_prefetch=flag("device_prefetch", device != "off") and on_gpu,
             prefetch_across_epochs=flag("prefetch_across_epochs", num_workers > 0),
+            cuda_graphs=graphs,
         )
 
     def numerics_changes(self) -> list[str]:
@@ -143,6 +154,9 @@ class AccelSettings:
             changes.append("compile")
         if self.cudnn_benchmark:
             changes.append("cudnn_benchmark")
+        if self.cuda_graphs == "on":
+            changes.append("cuda_graphs (batches padded to a few shapes: the same loss up to summation order; "
+                           "dropout masks drawn over the padded tensors)")
         if self.device_transform == "decode":
             changes.append("device_transform=decode (nvjpeg decode and bilinear warps differ from the CPU path "
                            "in the last bits)")

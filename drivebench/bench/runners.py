@@ -113,6 +113,8 @@ class TrainBench:
                 ceiling.get("global_samples_per_s") or ceiling["samples_per_s"])
         if run.compiled_units:
             summary["settings"]["compile_report"] = compile_report()
+        if run.module.graphed_loss is not None:
+            summary["settings"]["cuda_graphs"] = {"status": run.cuda_graphs, **run.module.cuda_graphs_report()}
         summary["run"]["finished"] = dt.datetime.now().isoformat(timespec="seconds")
         summary["run"]["wall_s"] = time.time() - run.started
         summary["run"]["status"] = "completed"
@@ -287,6 +289,7 @@ class TrainBench:
             "settings": {
                 "accel": run.accel.to_dict(),
                 "numerics_changed_by": run.accel.numerics_changes(),
+                "cuda_graphs": {"status": run.cuda_graphs},
                 "compiled_units": run.compiled_units or (
                     "none: the model declares no compile units" if run.accel.compile else []),
                 "batch_size": cfg.model.batch_size,

@@ -16,6 +16,7 @@ from torch import nn
 
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
+from drivebench.accel.cuda_graphs import GraphedLoss
 from drivebench.data.device_prefetch import READY_KEY
 from drivebench.lit.metric_sync import merge_across_ranks
 from drivebench.perf.ceiling import ResidentBatch
@@ -61,6 +62,7 @@ class DriveModule(pl.LightningModule):
         # the run's resolved config (credentials redacted), written into every checkpoint so that a
         # checkpoint says what produced it; set by drivebench.app.build_run
         self.run_config: dict[str, Any] | None = None
+        self.graphed_loss: GraphedLoss | None = None  # accel.cuda_graphs: set by enable_cuda_graphs
 
     # ---- subclass contract -------------------------------------------------------------------
     def compute_loss(self, batch: Any, outputs: Any) -> dict[str, torch.Tensor]:
@@ -81,13 +83,37 @@ class DriveModule(pl.LightningModule):
         """Number of samples (scenes) in ``batch``."""
         raise NotImplementedError
 
+    supports_static_shapes = False  # True where ``static_batch`` pads batches to a few fixed shapes
+
+    def static_batch(self, batch: Any) -> Any:
+        """``batch`` padded to one of a few fixed shapes with an unchanged loss (``accel.cuda_graphs``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not pad its batches to static shapes")
+
+    # ---- accel.cuda_graphs -------------------------------------------------------------------
+    def enable_cuda_graphs(self) -> None:
+        """Replay the training forward + loss (and its backward) from CUDA graphs, one per padded shape."""
+        self.graphed_loss = GraphedLoss(self, self.loss_of_batch)
+
+    def cuda_graphs_report(self) -> dict[str, Any]:
+        """Graphs captured, their capture times and replays, plus the model's padding (summary settings)."""
+        report = self.graphed_loss.describe() if self.graphed_loss is not None else {}
+        return {**report, **self.static_shapes_report()}
+
+    def static_shapes_report(self) -> dict[str, Any]:
+        return {}
+
+    def loss_of_batch(self, batch: Any) -> dict[str, torch.Tensor]:
+        return self.compute_loss(batch, self(batch))
+
     # ---- Lightning hooks ---------------------------------------------------------------------
     def forward(self, batch: Any) -> Any:
         return self.net(batch)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        outputs = self(batch)
-        losses = self.compute_loss(batch, outputs)
+        if self.graphed_loss is not None:
+            losses = self.graphed_loss(self.static_batch(batch))
+        else:
+            losses = self.loss_of_batch(batch)
         bs = self.batch_size(batch)
         for name, value in losses.items():
             self.log(f"train/{name}", value.detach(), on_step=True, on_epoch=False, batch_size=bs,

@@ -11,6 +11,7 @@ from torch import nn
 from drivebench.lit.base import DriveModule
 from drivebench.models.qcnet.loss import QCNetLoss
 from drivebench.models.qcnet.metrics import MotionMetrics, constant_velocity_forecast
+from drivebench.models.qcnet.static_shapes import StaticShapePadder
 from drivebench.models.qcnet.vocab import FOCAL_CATEGORY
 
 
@@ -63,6 +64,7 @@ class QCNetModule(DriveModule):
         self.criterion = criterion or QCNetLoss()
         self.model_metrics = MotionMetrics(k=6)
         self.baseline_metrics = MotionMetrics(k=6)
+        self.padder: StaticShapePadder | None = None
 
     def compute_loss(self, batch: dict[str, Any], outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return self.criterion(outputs, batch)
@@ -92,6 +94,18 @@ class QCNetModule(DriveModule):
 
     def batch_size(self, batch: dict[str, Any]) -> int:
         return int(batch["num_graphs"])
+
+    supports_static_shapes = True
+
+    def static_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Pad to a shape bucket (``models/qcnet/static_shapes.py``): same loss, few distinct shapes."""
+        if self.padder is None:
+            g = self.net.graph_settings
+            self.padder = StaticShapePadder(g.num_historical_steps, g.num_modes)
+        return self.padder(batch)
+
+    def static_shapes_report(self) -> dict[str, Any]:
+        return {"padding": self.padder.describe()} if self.padder is not None else {}
 
     def parameter_groups(self) -> list[dict[str, Any]]:
         """Upstream's split (see :func:`upstream_weight_decay_split`), plus the ``no_weight_decay`` fragments."""

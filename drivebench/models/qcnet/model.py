@@ -15,7 +15,7 @@ from drivebench.models.qcnet.layers import AttentionLayer, FourierEmbedding
 from drivebench.models.qcnet.map_encoder import MapEncoder
 
 
-COMPILE_SCOPES = ("none", "layers")
+COMPILE_SCOPES = ("none", "layers", "net")
 
 
 class QCNet(nn.Module):
@@ -71,9 +71,14 @@ class QCNet(nn.Module):
         instances of the same shape share compiled code (34 units -> 15 graphs for ``tiny``, about
         2 minutes of compilation on 2 CPU cores, no CPU speed-up). Meant to cut kernel launches on
         GPUs, where the eager model is launch-bound; its GPU effect is not measured yet.
+        ``net``: the whole net as one unit (one graph, no breaks): Inductor fuses the elementwise
+        chains of every layer; with ``accel.cuda_graphs`` the padded shapes make it compile once
+        for static and once for dynamic shapes.
         """
         if self.compile_scope == "none":
             return {}
+        if self.compile_scope == "net":
+            return {"net": self}
         return {name: module for name, module in self.named_modules()
                 if isinstance(module, (AttentionLayer, FourierEmbedding))}
 

@@ -1,0 +1,139 @@
+"""``accel.cuda_graphs``: the training forward (net + loss) and its backward replayed as CUDA graphs.
+
+Why: a small model's eager step launches thousands of tiny kernels, and the host's launch time,
+not the GPU, bounds the step (QCNet on an H200: main process at 100% of a core, GPU busy ~50%).
+A captured graph launches them all with one call. The optimizer step stays eager (a few
+multi-tensor kernels).
+
+How: :class:`GraphedLoss` keeps one ``torch.cuda.make_graphed_callables`` capture per input
+shape. The model pads every batch to one of a few shapes first (the LightningModule's
+``static_batch``; QCNet: ``models/qcnet/static_shapes.py``), so only a few graphs are captured.
+Each capture runs ``warmup_iters`` forward+backward passes on a side stream (no parameter update:
+``torch.autograd.grad``), then records; its step is slow and usually falls in the warm-up steps.
+
+Constraints, checked where the knob is resolved (``accel/settings.py`` and ``app.py``): a CUDA
+device, one process (DDP's gradient hooks would fire inside the captured backward),
+``accumulate_grad_batches=1`` (the captured backward writes each step's gradients into the same
+buffers), and autocast without its weight-cast cache (casts are recorded into the graph).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+LossFn = Callable[[Mapping[str, Any]], Mapping[str, torch.Tensor]]
+
+
+class _FlatLoss(nn.Module):
+    """``loss_fn`` on a batch given as positional tensors (what ``make_graphed_callables`` takes)."""
+
+    def __init__(self, owner: nn.Module, loss_fn: LossFn, keys: Sequence[str], static: Mapping[str, Any],
+                 names: list[str]) -> None:
+        super().__init__()
+        self.owner = owner  # registers the parameters, whose gradients the backward graph returns
+        self._loss_fn = loss_fn
+        self._keys = tuple(keys)
+        self._static = dict(static)
+        self._names = names
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        batch = dict(self._static)
+        batch.update(zip(self._keys, tensors))
+        losses = self._loss_fn(batch)
+        if not self._names:
+            self._names.extend(losses)
+        return tuple(losses[name] for name in self._names)
+
+
+def _autocast_without_cache(device_type: str = "cuda") -> torch.autocast:
+    """The autocast state in effect (Lightning's precision plugin), with the weight-cast cache off."""
+    enabled = torch.is_autocast_enabled(device_type)
+    dtype = torch.get_autocast_dtype(device_type) if enabled else torch.bfloat16
+    return torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=False)
+
+
+class GraphedLoss:
+    """``loss_fn(batch)`` with forward and backward replayed from a CUDA graph per batch shape.
+
+    Args:
+        owner: the module whose parameters the loss depends on (the LightningModule or its net).
+        loss_fn: batch -> named loss tensors; the batch's tensors must all be on the device.
+        warmup_iters: eager passes before each capture (cuDNN/cuBLAS pick their kernels there).
+        max_graphs: more distinct shapes than this is an error (the padder should prevent it).
+    """
+
+    def __init__(self, owner: nn.Module, loss_fn: LossFn, warmup_iters: int = 3, max_graphs: int = 16) -> None:
+        self.owner = owner
+        self.loss_fn = loss_fn
+        self.warmup_iters = warmup_iters
+        self.max_graphs = max_graphs
+        self._graphs: dict[tuple, nn.Module] = {}
+        self._names: list[str] = []
+        self.capture_s: list[float] = []
+        self.replays = 0
+
+    @staticmethod
+    def _split(batch: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
+        keys = sorted(k for k, v in batch.items() if isinstance(v, torch.Tensor))
+        static = {k: v for k, v in batch.items() if not isinstance(v, torch.Tensor)}
+        return keys, static
+
+    def __call__(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        keys, static = self._split(batch)
+        tensors = tuple(batch[k] for k in keys)
+        signature = tuple((k, tuple(t.shape), t.dtype) for k, t in zip(keys, tensors))
+        with _autocast_without_cache(tensors[0].device.type):
+            graphed = self._graphs.get(signature)
+            if graphed is None:
+                graphed = self._capture(signature, keys, static, tensors)
+            outputs = graphed(*tensors)
+        self.replays += 1
+        # the graph's outputs are its static buffers, overwritten by the next replay: hand out copies
+        return {name: out.clone() for name, out in zip(self._names, outputs)}
+
+    def _capture(self, signature: tuple, keys: list[str], static: dict[str, Any],
+                 tensors: tuple[torch.Tensor, ...]) -> nn.Module:
+        if len(self._graphs) >= self.max_graphs:
+            raise RuntimeError(f"accel.cuda_graphs: more than {self.max_graphs} batch shapes; the model's padding "
+                               "should map batches to a few shapes")
+        t0 = time.perf_counter()
+        flat = _FlatLoss(self.owner, self.loss_fn, keys, static, self._names)
+        flat.train(self.owner.training)
+        graphed = torch.cuda.make_graphed_callables(flat, tensors, num_warmup_iters=self.warmup_iters,
+                                                    allow_unused_input=True)
+        torch.cuda.synchronize()
+        self.capture_s.append(time.perf_counter() - t0)
+        self._graphs[signature] = graphed
+        return graphed
+
+    def describe(self) -> dict[str, Any]:
+        return {"graphs": len(self._graphs), "capture_s": [round(s, 3) for s in self.capture_s],
+                "replays": self.replays}
+
+
+def settle_cuda_graphs(requested: str, supports_static_shapes: bool, world_size: int,
+                       accumulate_grad_batches: int) -> tuple[bool, str]:
+    """Whether this run replays CUDA graphs, and why (``requested`` is the machine-resolved knob).
+
+    ``auto`` turns them off with the reason where they cannot work; ``on`` there is a bad config
+    (``ValueError``, reported as one line by the caller).
+    """
+    if requested == "off":
+        return False, "off"
+    blockers = []
+    if not supports_static_shapes:
+        blockers.append("the model does not pad its batches to static shapes")
+    if world_size > 1:
+        blockers.append(f"{world_size} processes (DDP's gradient hooks cannot run inside a captured backward)")
+    if accumulate_grad_batches != 1:
+        blockers.append(f"trainer.accumulate_grad_batches={accumulate_grad_batches} (the captured backward "
+                        "reuses its gradient buffers every step)")
+    if not blockers:
+        return True, "on"
+    if requested == "on":
+        raise ValueError("accel.cuda_graphs=on cannot work here: " + "; ".join(blockers) + " (use auto or off)")
+    return False, "off: " + "; ".join(blockers)

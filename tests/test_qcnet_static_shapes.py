@@ -1,0 +1,136 @@
+"""accel.cuda_graphs for QCNet: batches padded to shape buckets give the same loss and gradients;
+buckets stay few; the knob is settled (or refused) before any work."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from drivebench.accel.cuda_graphs import GraphedLoss, settle_cuda_graphs
+from drivebench.models import create_model
+from drivebench.models.qcnet import QCNetLoss, make_transform
+from drivebench.models.qcnet.random_scenario import random_batch
+from drivebench.models.qcnet.static_shapes import ShapeBuckets, StaticShapePadder, batch_counts, pad_batch
+
+SMALL_SCENE = dict(num_agents=6, num_polygons=16, extent=60.0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return random_batch(make_transform("tiny"), num_scenes=3, **SMALL_SCENE)
+
+
+def _loss_and_grads(net, criterion, batch):
+    net.zero_grad(set_to_none=True)
+    outputs = net(batch)
+    losses = criterion(outputs, batch)
+    losses["loss"].backward()
+    grads = {n: p.grad.detach().clone() for n, p in net.named_parameters() if p.grad is not None}
+    return {k: v.detach() for k, v in losses.items()}, outputs, grads
+
+
+def test_padded_batch_gives_the_same_loss_gradients_and_real_outputs(batch):
+    torch.manual_seed(0)
+    net = create_model("qcnet", "tiny", dropout=0.0)  # dropout would draw other masks over padded tensors
+    criterion = QCNetLoss()
+    counts = batch_counts(batch)
+    capacity = ShapeBuckets(growth=1.5).choose(counts)
+    assert all(capacity[k] > counts[k] for k in ("agent", "polygon", "point"))
+    assert any(capacity[k] > counts[k] for k in counts if k.startswith("edge_"))
+    padded = pad_batch(batch, capacity, net.graph_settings.num_historical_steps, net.graph_settings.num_modes)
+    assert batch_counts(padded) == capacity
+
+    ref_losses, ref_out, ref_grads = _loss_and_grads(net, criterion, batch)
+    pad_losses, pad_out, pad_grads = _loss_and_grads(net, criterion, padded)
+
+    for name, value in ref_losses.items():
+        torch.testing.assert_close(pad_losses[name], value, rtol=1e-5, atol=1e-5, msg=name)
+    agents = counts["agent"]
+    for name, value in ref_out.items():
+        torch.testing.assert_close(pad_out[name][:agents], value, rtol=1e-5, atol=1e-5, msg=name)
+    assert ref_grads.keys() == pad_grads.keys()
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(pad_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_padding_really_reaches_the_sinks_only(batch):
+    """Padded edges join padded nodes: no real node gains an edge."""
+    capacity = ShapeBuckets(growth=2.0).choose(batch_counts(batch))
+    padded = pad_batch(batch, capacity, 50, 6)
+    counts = batch_counts(batch)
+    real_edges = batch["edge_pl2a"].shape[1]
+    extra = padded["edge_pl2a"][:, real_edges:]
+    assert extra.shape[1] > 0
+    assert (extra[0] >= counts["polygon"]).all() and (extra[1] >= counts["agent"] * 50).all()
+    assert not padded["agent_valid_mask"][counts["agent"]:].any()
+    assert not padded["agent_predict_mask"][counts["agent"]:].any()
+    assert padded["num_graphs"] == batch["num_graphs"]
+
+
+def test_buckets_stay_few_and_every_batch_fits():
+    rng = np.random.default_rng(0)
+    base = {"agent": 200, "polygon": 650, "point": 6800, "edge_pl2a": 270_000, "edge_a2a": 99_000}
+    buckets = ShapeBuckets(growth=1.15, max_buckets=6)
+    for _ in range(750):
+        scale = rng.normal(1.0, 0.12)
+        counts = {k: max(int(v * scale * rng.normal(1.0, 0.08)), 1) for k, v in base.items()}
+        bucket = buckets.choose(counts)
+        assert all(bucket[k] >= v for k, v in ShapeBuckets.needed(counts).items())
+    assert len(buckets.buckets) <= 7  # at most one beyond max_buckets: the bucket that covers them all
+
+
+def test_a_batch_that_fits_takes_the_smallest_bucket_in_use():
+    buckets = ShapeBuckets(growth=1.0, multiple=1)
+    small = buckets.choose({"agent": 9, "edge_t": 10})
+    large = buckets.choose({"agent": 99, "edge_t": 100})
+    assert small != large
+    assert buckets.choose({"agent": 5, "edge_t": 7}) == small
+    assert buckets.choose({"agent": 50, "edge_t": 50}) == large
+    assert len(buckets.buckets) == 2
+
+
+def test_padder_reports_its_overhead(batch):
+    padder = StaticShapePadder(50, 6, ShapeBuckets(growth=1.5))
+    padder(batch)
+    report = padder.describe()
+    assert report["buckets"] == 1 and report["padded_over_real_rows"] > 1.0
+
+
+def test_auto_turns_graphs_off_with_the_reason_and_on_refuses():
+    assert settle_cuda_graphs("auto", True, 1, 1) == (True, "on")
+    enabled, why = settle_cuda_graphs("auto", False, 2, 1)
+    assert not enabled and "static shapes" in why and "2 processes" in why
+    assert settle_cuda_graphs("off", True, 1, 1) == (False, "off")
+    with pytest.raises(ValueError, match="accumulate_grad_batches=2"):
+        settle_cuda_graphs("on", True, 1, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_graphed_loss_replays_the_eager_loss_and_gradients():
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    net = create_model("qcnet", "tiny", dropout=0.0).to(device)
+    criterion = QCNetLoss()
+    padder = StaticShapePadder(50, 6, ShapeBuckets(growth=1.5))
+    graphed = GraphedLoss(net, lambda b: criterion(net(b), b))
+    for seed in range(3):
+        host = random_batch(make_transform("tiny"), num_scenes=3, seed=seed, **SMALL_SCENE)
+        batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in host.items()}
+        ref_losses, _, ref_grads = _loss_and_grads(net, criterion, batch)
+        net.zero_grad(set_to_none=True)
+        losses = graphed(padder(batch))
+        losses["loss"].backward()
+        torch.testing.assert_close(losses["loss"], ref_losses["loss"], rtol=1e-4, atol=1e-4)
+        for name, param in net.named_parameters():
+            torch.testing.assert_close(param.grad, ref_grads[name], rtol=1e-3, atol=1e-4, msg=name)
+    assert graphed.describe()["graphs"] == len(padder.buckets.buckets)
