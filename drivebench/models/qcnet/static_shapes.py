@@ -7,8 +7,8 @@ turns the stream of batches into a handful of shapes, one captured graph each.
 Buckets are chosen online (:class:`ShapeBuckets`): a batch takes the smallest bucket in use that
 holds it; a batch that fits none opens a new bucket ``growth`` times its own counts (rounded up),
 and once ``max_buckets`` are open the next one covers every bucket so far, so the set stays
-small. On the embedded bench set (batch 4, 3 epochs simulated) growth 1.15 and 6 buckets pad
-about 25% more rows than the batches hold.
+small. On the embedded bench set (batch 4, 3 epochs simulated) growth 1.15 and ``max_buckets=4``
+open 6 buckets, all within the first 120 batches, and pad about 22% more rows than the batches hold.
 
 Padding never changes the loss or any real node's output:
 
@@ -57,7 +57,7 @@ class ShapeBuckets:
         multiple: every capacity is rounded up to a multiple of this.
     """
 
-    def __init__(self, growth: float = 1.15, max_buckets: int = 6, multiple: int = 64) -> None:
+    def __init__(self, growth: float = 1.15, max_buckets: int = 4, multiple: int = 64) -> None:
         if growth < 1.0:
             raise ValueError(f"growth must be >= 1, got {growth}")
         if max_buckets < 1:
@@ -126,8 +126,8 @@ def pad_batch(batch: Mapping[str, Any], capacity: Mapping[str, int], num_histori
         edges = batch[key]
         extra = capacity[key] - edges.shape[1]
         if extra:
-            sink = torch.tensor([[sinks[src_space]], [sinks[dst_space]]], dtype=edges.dtype, device=edges.device)
-            out[key] = torch.cat([edges, sink.expand(2, extra)], dim=1)
+            sink = torch.stack([edges.new_full((extra,), sinks[src_space]), edges.new_full((extra,), sinks[dst_space])])
+            out[key] = torch.cat([edges, sink], dim=1)
     for attr_key, edge_key in EDGE_ATTR_KEYS.items():
         out[attr_key] = _pad_rows(batch[attr_key], capacity[edge_key], 0)
     return out
