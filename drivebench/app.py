@@ -155,6 +155,7 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     except ValueError as err:
         raise ConfigError(str(err)) from err
     accel.cuda_graphs = "on" if graphs else "off"
+    module.fused_optimizer = accel.fused_optimizer
     if graphs:
         module.enable_cuda_graphs()
     return run

@@ -35,7 +35,9 @@ def _loss_and_grads(net, criterion, batch):
     losses = criterion(outputs, batch)
     losses["loss"].backward()
     grads = {n: p.grad.detach().clone() for n, p in net.named_parameters() if p.grad is not None}
-    return {k: v.detach() for k, v in losses.items()}, outputs, grads
+    # detached: a live autograd graph would keep AccumulateGrad nodes of the default stream alive,
+    # which breaks a later CUDA graph capture (as any caller's leftover graph would)
+    return {k: v.detach() for k, v in losses.items()}, {k: v.detach() for k, v in outputs.items()}, grads
 
 
 def test_padded_batch_gives_the_same_loss_gradients_and_real_outputs(batch):

@@ -46,6 +46,7 @@ class AccelSettings:
     device_prefetch: bool
     prefetch_across_epochs: bool
     cuda_graphs: str  # off | on | auto here; app.build_run settles auto against the model and the run
+    fused_optimizer: bool
 
     @classmethod
     def resolve(cls, cfg: Mapping[str, Any], machine: MachineInfo) -> "AccelSettings":
@@ -141,6 +142,7 @@ class AccelSettings:
             device_prefetch=flag("device_prefetch", device != "off") and on_gpu,
             prefetch_across_epochs=flag("prefetch_across_epochs", num_workers > 0),
             cuda_graphs=graphs,
+            fused_optimizer=flag("fused_optimizer", on_gpu) and on_gpu,
         )
 
     def numerics_changes(self) -> list[str]:
@@ -154,6 +156,8 @@ class AccelSettings:
             changes.append("compile")
         if self.cudnn_benchmark:
             changes.append("cudnn_benchmark")
+        if self.fused_optimizer:
+            changes.append("fused_optimizer (one fused Adam kernel: the same update, rounded differently)")
         if self.cuda_graphs == "on":
             changes.append("cuda_graphs (batches padded to a few shapes: the same loss up to summation order; "
                            "dropout masks drawn over the padded tensors)")

@@ -8,6 +8,7 @@ marks around the host-to-device copy) lives here once.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Iterable
 
 import lightning.pytorch as pl
@@ -63,6 +64,7 @@ class DriveModule(pl.LightningModule):
         # checkpoint says what produced it; set by drivebench.app.build_run
         self.run_config: dict[str, Any] | None = None
         self.graphed_loss: GraphedLoss | None = None  # accel.cuda_graphs: set by enable_cuda_graphs
+        self.fused_optimizer = False  # accel.fused_optimizer: set by drivebench.app.build_run
 
     # ---- subclass contract -------------------------------------------------------------------
     def compute_loss(self, batch: Any, outputs: Any) -> dict[str, torch.Tensor]:
@@ -198,8 +200,17 @@ class DriveModule(pl.LightningModule):
             groups.append({"params": no_decay, "weight_decay": 0.0})
         return groups
 
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        """``fused=True`` for an optimizer that has a fused kernel, when ``accel.fused_optimizer`` asks."""
+        target = getattr(self.optimizer_factory, "func", self.optimizer_factory)
+        try:
+            takes_fused = "fused" in inspect.signature(target).parameters
+        except (TypeError, ValueError):
+            takes_fused = False
+        return {"fused": True} if self.fused_optimizer and takes_fused else {}
+
     def configure_optimizers(self) -> Any:
-        optimizer = self.optimizer_factory(self.parameter_groups())
+        optimizer = self.optimizer_factory(self.parameter_groups(), **self.optimizer_kwargs())
         # groups may carry ``lr_mult`` (e.g. the image backbone at 0.1x, mmcv's paramwise_cfg):
         # scaled before the scheduler is built, so it takes the scaled rates as its base
         for group in optimizer.param_groups:
