@@ -126,3 +126,12 @@ def test_experiments_compose_outside_the_repo(tmp_path):
     assert result.returncode == 0, result.stderr
     cfg = OmegaConf.create(result.stdout)
     assert cfg.ckpt.name == "none" and cfg.accel.name == "none"
+
+
+def test_paper_batch_runs_the_global_batch_on_one_device_at_the_papers_rate():
+    jobs = sweep_jobs("paper_batch")
+    composed = [_compose(["+experiment=paper_batch", *job]) for job in jobs]
+    assert sorted(c.model.batch_size for c in composed) == [4, 32]
+    assert {c.model.name for c in composed} == {"qcnet"}
+    assert {c.model.optimizer.lr for c in composed} == {5.0e-4}
+    assert {c.dist.name for c in composed} == {"single"}
