@@ -118,7 +118,11 @@ def test_auto_turns_graphs_off_with_the_reason_and_on_refuses():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
-def test_graphed_loss_replays_the_eager_loss_and_gradients():
+def test_graphed_loss_replays_the_eager_loss_and_gradients(monkeypatch):
+    # cuDNN's GRU runs in TF32 by default and picks its kernel by shape: the padded (graphed) and the
+    # unpadded (eager) batch would then round differently at ~1e-3
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     torch.manual_seed(0)
     device = torch.device("cuda")
     net = create_model("qcnet", "tiny", dropout=0.0).to(device)
@@ -134,5 +138,7 @@ def test_graphed_loss_replays_the_eager_loss_and_gradients():
         losses["loss"].backward()
         torch.testing.assert_close(losses["loss"], ref_losses["loss"], rtol=1e-4, atol=1e-4)
         for name, param in net.named_parameters():
-            torch.testing.assert_close(param.grad, ref_grads[name], rtol=1e-3, atol=1e-4, msg=name)
+            worst = ((param.grad - ref_grads[name]).abs().max() / ref_grads[name].abs().max().clamp_min(1e-12)).item()
+            torch.testing.assert_close(param.grad, ref_grads[name], rtol=1e-3, atol=1e-4,
+                                       msg=f"{name} (batch {seed}): max |diff| / max |grad| = {worst:.2e}")
     assert graphed.describe()["graphs"] == len(padder.buckets.buckets)
