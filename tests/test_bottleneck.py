@@ -140,13 +140,26 @@ def evidence_of(summary: dict) -> str:
     return summary["bottleneck"]["evidence"]
 
 
+def assert_decides(summary: dict, verdict: str) -> tuple[str, str]:
+    """``verdict`` is the run's verdict, or, when other processes oversubscribe this shared machine
+    during the test, the oversubscription verdict comes first and ``verdict`` is the next rule that
+    holds. Returns that rule's (evidence, next)."""
+    decided = summary["bottleneck"]
+    found = [f for f in B.findings(summary) if f[0] != B.OVERSUBSCRIPTION or verdict == B.OVERSUBSCRIPTION]
+    if decided["verdict"] == B.OVERSUBSCRIPTION and verdict != B.OVERSUBSCRIPTION:
+        assert found[0][0] == verdict, (decided, found)
+        assert any(a.startswith(verdict) for a in decided["also"]) or verdict == B.DEVICE_COMPUTE
+    else:
+        assert decided["verdict"] == verdict, decided
+    return found[0][1], found[0][2]
+
+
 # ---- real runs on the CPU --------------------------------------------------------------------------
 def test_slow_loader_is_data_loading(tmp_path):
     summary = toy_run(tmp_path, Linear(), Samples(delay=0.01))  # 4 samples x 10 ms per batch
-    verdict = summary["bottleneck"]
-    assert verdict["verdict"] == B.DATA_LOADING, verdict
-    assert "waited for the loader" in verdict["evidence"] and "%" in verdict["evidence"]
-    assert "accel.num_workers" in verdict["next"]
+    evidence, nxt = assert_decides(summary, B.DATA_LOADING)
+    assert "waited for the loader" in evidence and "%" in evidence
+    assert "accel.num_workers" in nxt
     assert "bottleneck" in render_table(summary) and B.DATA_LOADING in render_table(summary)
 
 
@@ -154,10 +167,9 @@ def test_slow_checkpoint_store_is_checkpoint_writes(tmp_path):
     ckpt = Checkpointing(dir=f"slowmem://bucket-{uuid.uuid4().hex[:8]}/run", every_n_steps=2, save_last=False,
                          keep_last_k=0)
     summary = toy_run(tmp_path, Linear(), callbacks=(ckpt,))
-    verdict = summary["bottleneck"]
-    assert verdict["verdict"] == B.CHECKPOINT_WRITES, verdict
-    assert "checkpoint saves blocked training" in verdict["evidence"]
-    assert verdict["next"].startswith("ckpt=async")
+    evidence, nxt = assert_decides(summary, B.CHECKPOINT_WRITES)
+    assert "checkpoint saves blocked training" in evidence
+    assert nxt.startswith("ckpt=async")
 
 
 def test_many_tiny_ops_with_the_profiler_is_launch_overhead(tmp_path):
@@ -165,16 +177,15 @@ def test_many_tiny_ops_with_the_profiler_is_launch_overhead(tmp_path):
     profile = summary["profile"]
     assert profile["steps"] == 2 and profile["gpu"] is None
     assert profile["host"]["aten_ops_per_step"] >= B.CPU_DISPATCH_OPS_MIN
-    verdict = summary["bottleneck"]
-    assert verdict["verdict"] == B.LAUNCH_OVERHEAD, verdict
-    assert "aten ops per step" in verdict["evidence"]
+    evidence, _ = assert_decides(summary, B.LAUNCH_OVERHEAD)
+    assert "aten ops per step" in evidence
 
 
 def test_few_large_matmuls_with_the_profiler_is_device_compute(tmp_path):
     summary = toy_run(tmp_path, BigMatmuls(), profile=2, steps=4)
     assert summary["profile"]["host"]["aten_ops_per_step"] < B.CPU_DISPATCH_OPS_MIN
-    assert summary["bottleneck"]["verdict"] == B.DEVICE_COMPUTE, summary["bottleneck"]
-    assert "the CPU computes the model" in evidence_of(summary)
+    evidence, _ = assert_decides(summary, B.DEVICE_COMPUTE)
+    assert "the CPU computes the model" in evidence
 
 
 def test_busy_processes_beside_the_run_are_oversubscription(tmp_path):

@@ -281,15 +281,28 @@ def _device_compute(x: _Inputs) -> tuple[str, str] | None:
     return evidence, "a GPU; on the CPU, torch threads on the free cores (accel.threads)"
 
 
+# first: on an oversubscribed machine every other figure measures waiting for a core as well
 RULES: tuple[tuple[str, Rule], ...] = (
+    (OVERSUBSCRIPTION, _oversubscribed),
     (DATA_LOADING, _data_loading),
     (CHECKPOINT_WRITES, _checkpoint_writes),
     (COMMUNICATION, _communication),
-    (OVERSUBSCRIPTION, _oversubscribed),
     (SYNCHRONISATION, _synchronisation),
     (LAUNCH_OVERHEAD, _launch_overhead),
     (DEVICE_COMPUTE, _device_compute),
 )
+
+
+def findings(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Every rule that holds, in rule order, as (verdict, evidence, next); device compute, the
+    fallback, always holds last."""
+    x = _Inputs(summary)
+    found = []
+    for verdict, rule in RULES:
+        result = rule(x)
+        if result is not None:
+            found.append((verdict, *result))
+    return found
 
 
 def diagnose(summary: dict[str, Any]) -> dict[str, Any]:
@@ -301,11 +314,7 @@ def diagnose(summary: dict[str, Any]) -> dict[str, Any]:
                else "no measured step (raise bench.steps or trainer.max_steps)")
         return {"verdict": UNDETERMINED, "evidence": why, "next": "bench=train with measured steps",
                 "phase": None, "also": []}
-    found = []
-    for verdict, rule in RULES:
-        result = rule(x)
-        if result is not None:
-            found.append((verdict, *result))
+    found = findings(summary)
     verdict, evidence, nxt = found[0]
     if x.phase_name == "ceiling":
         evidence = "ceiling phase (one resident batch, no loader): " + evidence

@@ -211,6 +211,8 @@ def render_table(summary: dict[str, Any]) -> str:
     if bottleneck.get("verdict"):
         rows += [("bottleneck", str(bottleneck["verdict"])), ("  evidence", str(bottleneck.get("evidence"))),
                  ("  next", str(bottleneck.get("next")))]
+        if bottleneck.get("also"):  # the other rules that hold, by name (their numbers: summary.json)
+            rows.append(("  also", ", ".join(a.split(":")[0] for a in bottleneck["also"])))
     rows.append(("summary", str(summary.get("paths", {}).get("summary", ""))))
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 40)
