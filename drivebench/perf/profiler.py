@@ -139,8 +139,9 @@ class ProfileSteps(pl.Callback):
                             f"{self.warmup_steps} warm-up + {self.occupied_steps} (profiler warm-up + "
                             f"bench.profile) steps; raise trainer.max_steps or lower bench.warmup_steps")
             return head
+        recorded = min(self.steps, max(len(times.records) - self.first_recorded_step, 0))
         block = {**head, "trace": str(self.trace_path), "trace_bytes": self.trace_path.stat().st_size,
-                 "export_s": self.export_s, **analyse_trace(load_trace(self.trace_path), self.top_k)}
+                 "export_s": self.export_s, **analyse_trace(load_trace(self.trace_path), self.top_k, recorded)}
         block["compare"] = self._compare(block, times, monitor)
         if logger:
             logger.log_metrics(scalars(block), step=step)

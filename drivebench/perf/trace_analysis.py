@@ -166,11 +166,13 @@ def _ranked(totals: dict[str, list[float]], n_steps: int, whole_us: float, top_k
              "share": us / whole_us if whole_us > 0 else None} for name, (calls, us) in rows]
 
 
-def analyse_trace(trace: dict[str, Any], top_k: int = 10) -> dict[str, Any]:
-    """The per-step figures of a trace (see the module docstring); ``gpu`` is None without kernels."""
+def analyse_trace(trace: dict[str, Any], top_k: int = 10, max_steps: int | None = None) -> dict[str, Any]:
+    """The per-step figures of a trace (see the module docstring); ``gpu`` is None without kernels.
+    ``max_steps``: only the first step windows (a window cut short by the end of training leaves
+    one more, opened by the last step and closed by the end of training, that holds no step)."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
     steps = sorted((e for e in events if str(e.get("name", "")).startswith(STEP_PREFIX)
-                    and e.get("cat") != "gpu_user_annotation"), key=lambda e: float(e["ts"]))
+                    and e.get("cat") != "gpu_user_annotation"), key=lambda e: float(e["ts"]))[:max_steps]
     if not steps:
         return {"steps": 0, "note": f"the trace holds no {STEP_PREFIX}N window: nothing to divide by"}
     n = len(steps)
