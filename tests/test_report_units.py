@@ -229,3 +229,24 @@ def test_notebooks_are_committed_without_outputs(path):
     assert all(not c.outputs and c.execution_count is None for c in code), (
         f"{path.name} holds outputs: clear them (jupyter nbconvert --clear-output --inplace {path.name})")
     assert any("DRIVEBENCH_RUNS" in c.source for c in code)
+
+
+def test_bottleneck_and_an_efficiency_above_100_percent_show_with_their_reasons(tmp_path):
+    from drivebench.report.tables import bottleneck_table, main_table
+
+    folder = write_run(tmp_path / "run1", machine=CPU, accel="max")
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["efficiency"] = 1.22
+    summary["efficiency_note"] = "above 100%: the machine was oversubscribed during the ceiling (9 runnable tasks)"
+    summary["bottleneck"] = {"verdict": "CPU oversubscription", "evidence": "9 runnable tasks on 2 cores",
+                             "next": "accel.threads=auto"}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    write_run(tmp_path / "run2", machine=CPU, accel="none")  # an older summary: no verdict, efficiency 50%
+    _, runs = analysed([tmp_path], [])
+    table = main_table(runs, [])
+    cells = dict(zip(runs["accel"], table["efficiency vs ceiling"]))
+    assert cells["max"] == "122% (above 100%: the machine was oversubscribed during the ceiling (9 runnable tasks))"
+    assert cells["none"] == "50%"
+    assert list(table["bottleneck"]) == ["", "CPU oversubscription"]  # none first, as in the sweep order
+    verdicts = bottleneck_table(runs)
+    assert verdicts.to_dict("records")[0]["next"] == "accel.threads=auto" and len(verdicts) == 1
