@@ -228,7 +228,10 @@ def test_idle_gpu_with_a_busy_host_is_launch_overhead():
     assert verdict["verdict"] == B.LAUNCH_OVERHEAD
     assert "50%" in verdict["evidence"] and "105% of one core" in verdict["evidence"]
     s["settings"]["accel"]["cuda_graphs"] = "off"
+    s["settings"]["cuda_graphs"] = {"status": "off"}
     assert B.diagnose(s)["next"].startswith("accel.cuda_graphs=on")
+    s["settings"]["cuda_graphs"] = {"status": "off: the model does not pad its batches to static shapes"}
+    assert "CUDA graphs are off: the model does not pad" in B.diagnose(s)["next"]
 
 
 def test_busy_gpu_is_device_compute():

@@ -98,6 +98,7 @@ class _Inputs:
         self.load = _num(_get(system, "load_1m", "median"))
         self.profile = summary.get("profile") if (summary.get("profile") or {}).get("steps") else None
         self.world = _get(summary, "ranks", "world_size") or 1
+        self.graphs_status = _get(summary, "settings", "cuda_graphs", "status")  # on | off | off: <why>
 
     # ---- derived figures
     def profile_step_s(self) -> float | None:
@@ -255,8 +256,12 @@ def _launch_overhead(x: _Inputs) -> tuple[str, str] | None:
 
 
 def _launch_next(x: _Inputs) -> str:
-    if "cuda_graphs" in x.accel and x.accel.get("cuda_graphs") not in (True, "on"):
+    status = str(x.graphs_status or x.accel.get("cuda_graphs") or "")
+    if status == "off" and "cuda_graphs" in x.accel:
         return "accel.cuda_graphs=on (replay the step as CUDA graphs), then a larger model.batch_size"
+    if status.startswith("off:"):  # auto turned them off: say why rather than suggest them
+        return (f"a larger model.batch_size (more work per launch), accel.compile=true; CUDA graphs are "
+                f"{status}")
     if not x.accel.get("compile"):
         return "accel.compile=true (fewer, fused kernels), then a larger model.batch_size (more work per launch)"
     return "a larger model.batch_size (more work per launch); CUDA graphs for the step (accel.cuda_graphs)"
