@@ -55,7 +55,7 @@ class Linear(torch.nn.Module):
 class TinyOps(torch.nn.Module):
     """Hundreds of element-wise ops on 8 numbers: all dispatch, no arithmetic."""
 
-    def __init__(self, n_ops: int = 150) -> None:
+    def __init__(self, n_ops: int = 400) -> None:
         super().__init__()
         self.w = torch.nn.Parameter(torch.ones(8))
         self.n_ops = n_ops
@@ -203,7 +203,9 @@ def test_busy_processes_beside_the_run_are_oversubscription(tmp_path):
     assert system["run_queue"]["median"] > B.RUN_QUEUE_PER_CORE * CORES
     verdict = summary["bottleneck"]
     assert verdict["verdict"] == B.OVERSUBSCRIPTION, verdict
-    assert f"on {CORES} usable cores" in verdict["evidence"] and "accel.threads" in verdict["next"]
+    assert f"on {CORES} usable cores" in verdict["evidence"] and "OMP_NUM_THREADS" in verdict["next"]
+    summary["settings"]["accel"]["threads"] = 2  # with the thread-budget knob, the verdict names it
+    assert B.diagnose(summary)["next"].startswith("accel.threads=auto (now 2")
 
 
 # ---- constructed summaries: evidence only a GPU (or DDP) gives ---------------------------------------

@@ -192,12 +192,14 @@ def _oversubscribed(x: _Inputs) -> tuple[str, str] | None:
     signs = oversubscription(x)
     if not signs:
         return None
-    threads = x.accel.get("threads")
-    knob = "accel.threads=auto" if threads != "auto" else f"fewer accel.threads (now {threads})"
+    if "threads" in x.accel:  # the thread budget knob (issue 24), as resolved
+        knob = f"accel.threads=auto (now {x.accel['threads']}: torch threads + loader workers within the usable cores)"
+    else:
+        knob = "fewer torch threads (OMP_NUM_THREADS, torch.set_num_threads) so that they and the loader workers fit the usable cores"
     return ("the machine is oversubscribed, so the step's compute figures measure waiting for a core: "
             + "; ".join(signs),
-            f"{knob} (torch threads + loader workers within the usable cores), fewer accel.num_workers "
-            f"(now {x.accel.get('num_workers')}), or stop the other processes on this machine")
+            f"{knob}, fewer accel.num_workers (now {x.accel.get('num_workers')}), or stop the other processes "
+            "on this machine")
 
 
 def _synchronisation(x: _Inputs) -> tuple[str, str] | None:
