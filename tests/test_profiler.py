@@ -1,6 +1,9 @@
 """bench.profile on a real CPU Lightning run: the window's placement, the trace file, the summary
 block and the TensorBoard scalars."""
 
+import json
+from pathlib import Path
+
 import pytest
 import lightning.pytorch as pl
 import torch
@@ -16,6 +19,7 @@ from drivebench.perf.summary import phase_stats, render_table
 from drivebench.perf.trace_analysis import DATA_WAIT_ANNOTATION, load_trace
 from drivebench.report.events import read_scalars
 from test_bottleneck import Linear, Samples, Toy
+from tests.conftest import run_cli
 
 
 def fit(tmp_path, max_steps: int, profile: int = 3, warmup: int = 2, logger=False):
@@ -83,3 +87,17 @@ def test_profile_key_values(value, steps):
 def test_profile_key_rejects(value):
     with pytest.raises(ConfigError, match=r"bench.profile=.* is not valid"):
         _resolve_profile(value)
+
+
+def test_cli_run_with_bench_profile_writes_a_trace_and_a_verdict(drivebench_cache: Path, tmp_path: Path):
+    proc = run_cli(["model=qcnet", "model.size=tiny", "data.size=mini", "bench.profile=2", "bench.warmup_steps=2",
+                    "trainer.max_steps=8", "bench.val_batches=0", "bench.ceiling=false", "ckpt=none",
+                    f"hydra.run.dir={tmp_path}"], drivebench_cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    trace = tmp_path / "tb" / "profile" / "rank0.pt.trace.json.gz"
+    assert s["profile"]["trace"] == str(trace) and trace.stat().st_size > 0
+    assert s["profile"]["steps"] == 2 and s["profile"]["gpu"] is None and s["settings"]["profile_steps"] == 2
+    assert s["train"]["profiled_steps"] == 3 and s["train"]["steps_measured"] == 3
+    assert s["bottleneck"]["verdict"] and s["bottleneck"]["evidence"]
+    assert "profile (steps, trace)" in proc.stdout and "bottleneck" in proc.stdout
