@@ -21,6 +21,7 @@ measured one. The trace file is written in ``teardown``, after the last step.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,8 @@ class ProfileSteps(pl.Callback):
         activities = [ProfilerActivity.CPU]
         if pl_module.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
+        else:  # a CUDA build without a GPU: Kineto logs "ERROR ... gpuGetDeviceCount failed" for nothing
+            os.environ.setdefault("KINETO_LOG_LEVEL", "5")
         self.activities = [a.name for a in activities]
         schedule = torch.profiler.schedule(skip_first=self.warmup_steps, wait=0, warmup=PROFILER_WARMUP_STEPS,
                                            active=self.steps, repeat=1)
