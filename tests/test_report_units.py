@@ -241,12 +241,18 @@ def test_bottleneck_and_an_efficiency_above_100_percent_show_with_their_reasons(
     summary["bottleneck"] = {"verdict": "CPU oversubscription", "evidence": "9 runnable tasks on 2 cores",
                              "next": "accel.threads=auto"}
     (folder / "summary.json").write_text(json.dumps(summary))
-    write_run(tmp_path / "run2", machine=CPU, accel="none")  # an older summary: no verdict, efficiency 50%
+    # an older summary, written before verdicts: it gets one from its own figures (25% data wait)
+    old = write_run(tmp_path / "run2", machine=CPU, accel="none")
+    summary = json.loads((old / "summary.json").read_text())
+    summary["train"]["wall_s"] = 30.0
+    summary["efficiency"] = 1.05  # and an efficiency above 100% without a recorded reason
+    summary["ceiling"] = {"steps_measured": 4, "step_s": {"median": 1.0, "p10": 0.9, "p90": 1.1}}
+    (old / "summary.json").write_text(json.dumps(summary))
     _, runs = analysed([tmp_path], [])
     table = main_table(runs, [])
     cells = dict(zip(runs["accel"], table["efficiency vs ceiling"]))
     assert cells["max"] == "122% (above 100%: the machine was oversubscribed during the ceiling (9 runnable tasks))"
-    assert cells["none"] == "50%"
-    assert list(table["bottleneck"]) == ["", "CPU oversubscription"]  # none first, as in the sweep order
+    assert cells["none"] == "105% (above 100%: the ceiling measured only 4 steps)"
+    assert list(table["bottleneck"]) == ["data loading", "CPU oversubscription"]  # none first, in sweep order
     verdicts = bottleneck_table(runs)
-    assert verdicts.to_dict("records")[0]["next"] == "accel.threads=auto" and len(verdicts) == 1
+    assert verdicts.to_dict("records")[1]["next"] == "accel.threads=auto" and len(verdicts) == 2
