@@ -14,6 +14,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from drivebench.app import build_run
+from drivebench.perf.bottleneck import VERDICTS
 from tests.conftest import REPO, run_cli
 
 TINY = ["model=qcnet", "model.size=tiny", "data.size=mini"]
@@ -35,7 +36,8 @@ def test_summary_has_every_documented_field_with_sane_values(full_run: Path):
     s = json.loads((full_run / "summary.json").read_text())
     documented = [line.split("|")[1].strip().strip("`") for line in (REPO / "docs" / "summary.md").read_text()
                   .split("A phase (`train`, `ceiling`) holds:")[0].splitlines() if line.startswith("| `")]
-    optional = {"loader", "ranks", "dist", "checkpoints"}  # other benches, DDP, ckpt=none
+    # other benches, DDP, ckpt=none, bench.profile, an efficiency above 100%
+    optional = {"loader", "ranks", "dist", "checkpoints", "profile", "efficiency_note"}
     for key in documented:
         if key not in optional:
             assert key in s, f"summary.json lacks documented key {key!r}"
@@ -58,6 +60,8 @@ def test_summary_has_every_documented_field_with_sane_values(full_run: Path):
     for key in ("minADE", "minFDE", "MR", "brier_minFDE", "cv_minFDE"):
         assert math.isfinite(s["val"][key]), key
     assert s["config"]["model"]["name"] == "qcnet"
+    assert s["bottleneck"]["verdict"] in VERDICTS and s["bottleneck"]["evidence"] and s["bottleneck"]["next"]
+    assert (s["efficiency"] > 1) == ("efficiency_note" in s)
 
 
 def test_loss_falls(full_run: Path):
@@ -168,6 +172,7 @@ def test_bf16_stays_within_tolerance(baseline, drivebench_cache: Path, tmp_path:
         (["data.root=/nonexistent/av2"], "data.root=/nonexistent/av2 does not exist"),
         (["data.size=huge"], "data.size='huge' is not valid; choose one of"),
         (["model.batch_size=0"], "model.batch_size=0 is not valid"),
+        (["bench.profile=-1"], "bench.profile=-1 is not valid"),
         (["ckpt=remote"], "ckpt=remote needs a destination: ckpt.dir="),
         (["model.batch_size=64"], "model.batch_size=64 x 1 rank(s) is more than the 32 samples of the training split"),
     ],

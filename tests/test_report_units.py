@@ -229,3 +229,30 @@ def test_notebooks_are_committed_without_outputs(path):
     assert all(not c.outputs and c.execution_count is None for c in code), (
         f"{path.name} holds outputs: clear them (jupyter nbconvert --clear-output --inplace {path.name})")
     assert any("DRIVEBENCH_RUNS" in c.source for c in code)
+
+
+def test_bottleneck_and_an_efficiency_above_100_percent_show_with_their_reasons(tmp_path):
+    from drivebench.report.tables import bottleneck_table, main_table
+
+    folder = write_run(tmp_path / "run1", machine=CPU, accel="max")
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["efficiency"] = 1.22
+    summary["efficiency_note"] = "above 100%: the machine was oversubscribed during the ceiling (9 runnable tasks)"
+    summary["bottleneck"] = {"verdict": "CPU oversubscription", "evidence": "9 runnable tasks on 2 cores",
+                             "next": "accel.threads=auto"}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    # an older summary, written before verdicts: it gets one from its own figures (25% data wait)
+    old = write_run(tmp_path / "run2", machine=CPU, accel="none")
+    summary = json.loads((old / "summary.json").read_text())
+    summary["train"]["wall_s"] = 30.0
+    summary["efficiency"] = 1.05  # and an efficiency above 100% without a recorded reason
+    summary["ceiling"] = {"steps_measured": 4, "step_s": {"median": 1.0, "p10": 0.9, "p90": 1.1}}
+    (old / "summary.json").write_text(json.dumps(summary))
+    _, runs = analysed([tmp_path], [])
+    table = main_table(runs, [])
+    cells = dict(zip(runs["accel"], table["efficiency vs ceiling"]))
+    assert cells["max"] == "122% (above 100%: the machine was oversubscribed during the ceiling (9 runnable tasks))"
+    assert cells["none"] == "105% (above 100%: the ceiling measured only 4 steps)"
+    assert list(table["bottleneck"]) == ["data loading", "CPU oversubscription"]  # none first, in sweep order
+    verdicts = bottleneck_table(runs)
+    assert verdicts.to_dict("records")[1]["next"] == "accel.threads=auto" and len(verdicts) == 2

@@ -29,10 +29,12 @@ from drivebench.data.epoch_stream import EpochStream
 from drivebench.dist import gather_objects
 from drivebench.errors import ConfigError
 from drivebench.secrets import redact, redact_argv
+from drivebench.perf.bottleneck import diagnose, efficiency_note
 from drivebench.perf.callback import StepTimer
 from drivebench.perf.ceiling import ResidentBatch, ResidentBatchLoader
 from drivebench.perf.loader_wait import LoaderWaitProfiler
 from drivebench.perf.machine import filesystem_of
+from drivebench.perf.profiler import ProfileSteps
 from drivebench.perf.stats import describe
 from drivebench.perf.summary import SCHEMA_VERSION, loss_summary, phase_stats, render_table, write_summary
 from drivebench.perf.system import SystemMonitor
@@ -49,9 +51,18 @@ def _resolve_count(value: Any, gpu_default: int, cpu_default: int, key: str, on_
     return value
 
 
+def _resolve_profile(value: Any) -> int:
+    """``bench.profile``: steps to profile; 0, null or false = off."""
+    if value is None or value is False:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"bench.profile={value!r} is not valid; use a number of steps >= 1, or 0/null (off)")
+    return value
+
+
 class TrainBench:
     """Args (conf/bench/train.yaml documents each): mode, warmup_steps, steps, max_minutes,
-    val_batches, ceiling, ceiling_warmup_steps, ceiling_steps, sync_each_step, log_every_n_steps."""
+    val_batches, ceiling, ceiling_warmup_steps, ceiling_steps, sync_each_step, log_every_n_steps, profile."""
 
     runs_training = True
     runs_ceiling = True
@@ -60,7 +71,7 @@ class TrainBench:
     def __init__(self, mode: str = "train", warmup_steps: int = 10, steps: Any = "auto",
                  max_minutes: float | None = None, val_batches: int = 20, ceiling: bool = True,
                  ceiling_warmup_steps: int = 5, ceiling_steps: Any = "auto", loader_batches: Any = "auto",
-                 sync_each_step: bool = False, log_every_n_steps: int = 1) -> None:
+                 sync_each_step: bool = False, log_every_n_steps: int = 1, profile: Any = None) -> None:
         self.mode = mode
         self.warmup_steps = warmup_steps
         self.steps = steps
@@ -72,6 +83,7 @@ class TrainBench:
         self.loader_batches = loader_batches
         self.sync_each_step = sync_each_step
         self.log_every_n_steps = log_every_n_steps
+        self.profile = profile
 
     # ---- entry -------------------------------------------------------------------------------
     def run(self, run: Run) -> dict[str, Any]:
@@ -80,6 +92,7 @@ class TrainBench:
         self.ceiling_steps = _resolve_count(self.ceiling_steps, 50, 10, "bench.ceiling_steps", on_gpu)
         self.loader_batches = _resolve_count(self.loader_batches, 200, 30, "bench.loader_batches", on_gpu)
         self.warmup_steps = _resolve_count(self.warmup_steps, 0, 0, "bench.warmup_steps", on_gpu)
+        self.profile = _resolve_profile(self.profile)
         summary = self._base_summary(run)
         monitor = SystemMonitor(torch.cuda.current_device() if on_gpu else None)
         logger = run.logger()
@@ -111,6 +124,8 @@ class TrainBench:
         if train.get("samples_per_s") and ceiling.get("samples_per_s"):
             summary["efficiency"] = (train.get("global_samples_per_s") or train["samples_per_s"]) / (
                 ceiling.get("global_samples_per_s") or ceiling["samples_per_s"])
+            summary["efficiency_note"] = efficiency_note(summary)
+        summary["bottleneck"] = diagnose(summary)
         if run.compiled_units:
             summary["settings"]["compile_report"] = compile_report()
         if run.module.graphed_loss is not None:
@@ -132,16 +147,19 @@ class TrainBench:
     # ---- phases ------------------------------------------------------------------------------
     def _train_phase(self, run: Run, logger: Any, monitor: SystemMonitor, summary: dict[str, Any]) -> None:
         cfg = run.cfg
-        timer = StepTimer("perf", self.warmup_steps, self.sync_each_step, self.log_every_n_steps, monitor)
+        profiler = ProfileSteps(self.profile, self.warmup_steps, run.output_dir) if self.profile else None
+        timer = StepTimer("perf", self.warmup_steps, self.sync_each_step, self.log_every_n_steps, monitor,
+                          profiled_steps=profiler.occupied_steps if profiler else 0)
         freeze = FreezeHeap() if run.accel.gc_freeze else None
-        callbacks: list[pl.Callback] = ([freeze] if freeze else []) + [timer]
+        # the profiler before the timer: its trace export then falls into a profiled (excluded) step
+        callbacks: list[pl.Callback] = ([freeze] if freeze else []) + ([profiler] if profiler else []) + [timer]
         ckpt = build(cfg.ckpt.callback, _convert_="all") if cfg.ckpt.get("callback") else None
         callbacks.append(ckpt if ckpt is not None else ResumeState())  # RNG + data position, also for ckpt=none
         resume_from = find_resume_checkpoint(cfg, ckpt.store if ckpt is not None else None)
         summary["run"]["resumed_from"] = resume_from
         max_steps = cfg.trainer.max_steps
-        if max_steps is None:
-            max_steps = self.warmup_steps + self.steps
+        if max_steps is None:  # bench.steps measured steps after warm-up and the profiled steps
+            max_steps = self.warmup_steps + self.steps + (profiler.occupied_steps if profiler else 0)
         validate_during_fit = cfg.trainer.check_val_every_n_epoch is not None or cfg.trainer.val_check_interval
         trainer = pl.Trainer(
             **run.trainer_kwargs(), logger=logger, callbacks=callbacks, max_steps=max_steps,
@@ -169,6 +187,8 @@ class TrainBench:
         if isinstance(prefetch, EpochStream):  # one loader iterator for every epoch: 1 start, no restarts
             summary["data"]["epoch_stream"] = {"iterator_starts": prefetch.iterator_starts, "next_batch": list(prefetch.position)}
         summary["train"] = phase_stats(timer.times, monitor)
+        if profiler is not None and trainer.is_global_zero:
+            summary["profile"] = profiler.summarise(timer.times, monitor, logger, trainer.global_step)
         if freeze is not None:
             summary["train"]["gc_freeze"] = freeze.summary()
         if trainer.world_size > 1:
@@ -297,6 +317,7 @@ class TrainBench:
                 "warmup_steps": self.warmup_steps,
                 "steps": self.steps,
                 "sync_each_step": self.sync_each_step,
+                "profile_steps": self.profile,
                 "parameters": sum(p.numel() for p in run.module.net.parameters()),
                 "trainable_parameters": sum(p.numel() for p in run.module.net.parameters() if p.requires_grad),
             },

@@ -17,6 +17,7 @@ from drivebench.app import Run
 from drivebench.ckpt.store import CheckpointStore
 from drivebench.errors import ConfigError
 from drivebench.perf.stats import describe
+from drivebench.perf.bottleneck import diagnose
 from drivebench.perf.summary import SCHEMA_VERSION, write_summary
 from drivebench.secrets import redact_url
 
@@ -66,6 +67,7 @@ class StorageBench:
             "storage": {"bytes": size, "repeats": self.repeats, "dirs": results,
                         "fastest": best["dir"] if best else None},
         }
+        summary["bottleneck"] = diagnose(summary)
         write_summary(run.output_dir / "summary.json", summary)
         print(self.render(summary["storage"]), flush=True)
         return summary

@@ -51,6 +51,7 @@ class StepRecord:
     loss: float | None = None
     device_compute_s: float | None = None
     device_h2d_s: float | None = None
+    profiled: bool = False  # under torch.profiler (bench.profile): its overhead keeps it out of the statistics
 
 
 @dataclass
@@ -64,7 +65,10 @@ class PhaseTimes:
     measured_started: float | None = None
 
     def measured(self) -> list[StepRecord]:
-        return [r for r in self.records if not r.warmup]
+        return [r for r in self.records if not r.warmup and not r.profiled]
+
+    def profiled(self) -> list[StepRecord]:
+        return [r for r in self.records if r.profiled]
 
 
 class StepTimer(pl.Callback):
@@ -78,6 +82,9 @@ class StepTimer(pl.Callback):
             the overlap between consecutive steps); off by default.
         log_every_n_steps: how often per-step scalars go to the logger.
         monitor: optional :class:`SystemMonitor` whose latest sample is logged alongside.
+        profiled_steps: the steps right after warm-up that run under ``torch.profiler``
+            (:class:`~drivebench.perf.profiler.ProfileSteps`, its own warm-up step included): recorded,
+            flagged ``profiled`` and excluded from the statistics like warm-up.
     """
 
     def __init__(
@@ -87,6 +94,7 @@ class StepTimer(pl.Callback):
         sync_each_step: bool = False,
         log_every_n_steps: int = 1,
         monitor: SystemMonitor | None = None,
+        profiled_steps: int = 0,
     ) -> None:
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
@@ -97,6 +105,7 @@ class StepTimer(pl.Callback):
         self.sync_each_step = sync_each_step
         self.log_every_n_steps = log_every_n_steps
         self.monitor = monitor
+        self.profiled_steps = profiled_steps
         self.times = PhaseTimes(phase)
         self._use_cuda = False
         self._loader_timed = False
@@ -168,6 +177,7 @@ class StepTimer(pl.Callback):
         record = StepRecord(
             step=self._n_steps,
             warmup=self._n_steps < self.warmup_steps,
+            profiled=self.warmup_steps <= self._n_steps < self.warmup_steps + self.profiled_steps,
             samples=_batch_size(pl_module, batch),
             step_s=t_end - self._t_prev_end,
             data_wait_s=data_wait,
@@ -177,7 +187,7 @@ class StepTimer(pl.Callback):
             ckpt_s=ckpt,
             loop_overhead_s=gap - data_wait,
         )
-        if self._n_steps == self.warmup_steps:
+        if self._n_steps == self.warmup_steps + self.profiled_steps:
             self.times.measured_started = self._t_prev_end
         self._n_steps += 1
         self.times.records.append(record)

@@ -22,11 +22,14 @@ LOSS_STEPS = (10, 50, 100, 200, 300, 500, 1000, 2000, 5000, 10000)
 def phase_stats(times: PhaseTimes, monitor: SystemMonitor | None = None) -> dict[str, Any]:
     """Warm-up-excluded statistics of one phase."""
     measured = times.measured()
+    profiled = times.profiled()
     out: dict[str, Any] = {
         "steps_total": len(times.records),
-        "warmup_steps": len(times.records) - len(measured),
+        "warmup_steps": sum(1 for r in times.records if r.warmup),
         "steps_measured": len(measured),
     }
+    if profiled:
+        out["profiled_steps"] = len(profiled)
     if not measured:
         out["note"] = "no step past warm-up: raise bench.steps"
         return out
@@ -64,6 +67,8 @@ def phase_stats(times: PhaseTimes, monitor: SystemMonitor | None = None) -> dict
             "cpu_main_pct": describe(s.cpu_main_pct for s in window),
             "cpu_workers_pct": describe(s.cpu_workers_pct for s in window),
             "cpu_system_pct": describe(s.cpu_system_pct for s in window),
+            "run_queue": describe(s.run_queue for s in window if s.run_queue is not None),
+            "load_1m": describe(s.load_1m for s in window if s.load_1m is not None),
         }
     return out
 
@@ -118,6 +123,37 @@ def _fmt(value: Any, unit: str = "", scale: float = 1.0, digits: int = 3) -> str
     return f"{value * scale:.{digits}g}{unit}"
 
 
+def _profile_rows(profile: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The profile block's headline figures (bench.profile)."""
+    if not profile:
+        return []
+    if not profile.get("steps"):
+        return [("profile", str(profile.get("note", "no trace")))]
+    host, gpu, compare = profile.get("host") or {}, profile.get("gpu"), profile.get("compare") or {}
+    rows = [("profile (steps, trace)", f"{profile['steps']} steps from step {profile.get('first_step')}, "
+                                       f"{profile.get('trace')}"),
+            ("  host in aten ops / step", f"{_fmt(host.get('aten_op_s_per_step'), ' s')} "
+                                          f"({_fmt(host.get('aten_ops_per_step'), digits=4)} dispatches)")]
+    if gpu is None:
+        rows.append(("  GPU", str(profile.get("gpu_note", "not measured"))))
+    else:
+        idle = gpu.get("idle_s_per_step") or {}
+        rows += [
+            ("  kernels / step", _fmt(gpu.get("kernels_per_step"), digits=4)),
+            ("  GPU active / step", f"{_fmt(gpu.get('active_s_per_step'), ' s')} ({_fmt(gpu.get('active_fraction'), '%', 100)}"
+                                    f"; NVML {_fmt(compare.get('nvml_gpu_busy_pct_median'), '%')}, CUDA-event span "
+                                    f"{_fmt(compare.get('cuda_event_span_s_median'), ' s')})"),
+            ("  GPU idle / step", ", ".join(f"{k.replace('_', ' ')} {_fmt(v, ' s')}" for k, v in idle.items())),
+        ]
+    top_ops = profile.get("top_ops") or []
+    if top_ops:
+        rows.append(("  top operator (self)", f"{top_ops[0]['name']} {_fmt(top_ops[0]['self_s_per_step'], ' s')}/step"))
+    top_kernels = profile.get("top_kernels") or []
+    if top_kernels:
+        rows.append(("  top kernel", f"{top_kernels[0]['name'][:60]} {_fmt(top_kernels[0]['s_per_step'], ' s')}/step"))
+    return rows
+
+
 def render_table(summary: dict[str, Any]) -> str:
     """A short plain-text table of what the run measured (printed at the end of every run)."""
     rows: list[tuple[str, str]] = []
@@ -131,7 +167,9 @@ def render_table(summary: dict[str, Any]) -> str:
     if train.get("steps_measured"):
         step = train["step_s"]
         rows += [
-            ("steps measured (warm-up)", f"{train['steps_measured']} ({train['warmup_steps']})"),
+            ("steps measured (warm-up)", f"{train['steps_measured']} ({train['warmup_steps']}"
+                                         + (f"; {train['profiled_steps']} profiled, left out" if train.get("profiled_steps")
+                                            else "") + ")"),
             ("throughput", f"{_fmt(train['samples_per_s'])} samples/s"
                            + (f" per process, {_fmt(train['global_samples_per_s'])} global"
                               if train.get("global_samples_per_s") else "")),
@@ -152,7 +190,9 @@ def render_table(summary: dict[str, Any]) -> str:
     if ceiling.get("steps_measured"):
         rows.append(("ceiling throughput", f"{_fmt(ceiling['samples_per_s'])} samples/s"))
     if summary.get("efficiency") is not None:
-        rows.append(("efficiency (train / ceiling)", _fmt(summary["efficiency"], "%", 100)))
+        note = summary.get("efficiency_note")
+        rows.append(("efficiency (train / ceiling)", _fmt(summary["efficiency"], "%", 100)
+                     + (f" ({note})" if note else "")))
     loader = summary.get("loader") or {}
     if loader.get("samples_per_s") is not None:
         rows.append(("loader throughput", f"{_fmt(loader['samples_per_s'])} samples/s"))
@@ -166,6 +206,13 @@ def render_table(summary: dict[str, Any]) -> str:
     mem = summary.get("memory") or {}
     if mem.get("peak_device_gb") is not None:
         rows.append(("peak device memory", _fmt(mem["peak_device_gb"], " GiB")))
+    rows += _profile_rows(summary.get("profile"))
+    bottleneck = summary.get("bottleneck") or {}
+    if bottleneck.get("verdict"):
+        rows += [("bottleneck", str(bottleneck["verdict"])), ("  evidence", str(bottleneck.get("evidence"))),
+                 ("  next", str(bottleneck.get("next")))]
+        if bottleneck.get("also"):  # the other rules that hold, by name (their numbers: summary.json)
+            rows.append(("  also", ", ".join(a.split(":")[0] for a in bottleneck["also"])))
     rows.append(("summary", str(summary.get("paths", {}).get("summary", ""))))
     width = max(len(k) for k, _ in rows)
     line = "-" * (width + 40)

@@ -23,6 +23,8 @@ class SystemSample:
     cpu_main_pct: float            # this process, % of one core
     cpu_workers_pct: float         # all child processes (loader workers), % of one core
     cpu_system_pct: float          # the whole machine, % of all cores
+    run_queue: int | None = None   # runnable tasks on the machine now (Linux /proc/loadavg), ours included
+    load_1m: float | None = None   # 1-minute load average (slow: it also remembers the minute before the run)
 
 
 class SystemMonitor:
@@ -104,6 +106,20 @@ class SystemMonitor:
         except Exception:
             return None, None
 
+    @staticmethod
+    def _run_queue() -> tuple[int | None, float | None]:
+        """Runnable tasks and the 1-minute load: more runnable tasks than cores = oversubscribed."""
+        try:
+            with open("/proc/loadavg") as fh:
+                fields = fh.read().split()
+            # the reader itself is one of the running tasks
+            return max(int(fields[3].split("/")[0]) - 1, 0), float(fields[0])
+        except (OSError, ValueError, IndexError):
+            try:
+                return None, os.getloadavg()[0]
+            except (OSError, AttributeError):
+                return None, None
+
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             gpu_util, gpu_mem = self._gpu()
@@ -111,6 +127,8 @@ class SystemMonitor:
                 main = self._proc.cpu_percent(None)
             except psutil.Error:
                 main = 0.0
+            run_queue, load_1m = self._run_queue()
             self.samples.append(
-                SystemSample(time.perf_counter(), gpu_util, gpu_mem, main, self._children_cpu(), psutil.cpu_percent(None))
+                SystemSample(time.perf_counter(), gpu_util, gpu_mem, main, self._children_cpu(), psutil.cpu_percent(None),
+                             run_queue, load_1m)
             )

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from drivebench.perf.bottleneck import diagnose, efficiency_note
 from drivebench.report.discovery import RunDir, find_run_dirs
 from drivebench.report.events import read_scalars
 from drivebench.report.labels import (accel_overrides, command_overrides, hardware_label, machine_label,
@@ -124,6 +125,7 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
     else:
         phase, throughput = None, {}
 
+    verdict = summary.get("bottleneck") if isinstance(summary.get("bottleneck"), dict) else diagnose(summary)
     ckpt_each = dig(summary, "checkpoints", "each") or []
     row: dict[str, Any] = {
         "run_dir": str(run.path),
@@ -181,6 +183,14 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
         "compute_s_mean": num(dig(train, "compute_s", "mean")),
         "ceiling_samples_per_s": num(ceiling.get("samples_per_s")),
         "efficiency": num(summary.get("efficiency")),
+        # summaries written before the verdict existed get it from their own figures, by the same rules
+        "efficiency_note": summary.get("efficiency_note") or efficiency_note(summary),
+        "bottleneck": verdict.get("verdict"),
+        "bottleneck_evidence": verdict.get("evidence"),
+        "bottleneck_next": verdict.get("next"),
+        "profile_kernels_per_step": num(dig(summary, "profile", "gpu", "kernels_per_step")),
+        "profile_gpu_active_fraction": num(dig(summary, "profile", "gpu", "active_fraction")),
+        "profile_aten_ops_per_step": num(dig(summary, "profile", "host", "aten_ops_per_step")),
         "device_busy_fraction": num(train.get("device_busy_fraction")),
         "gpu_util_pct_median": num(dig(train, "system", "gpu_util_pct", "median")),
         "cpu_main_pct_median": num(dig(train, "system", "cpu_main_pct", "median")),

@@ -48,6 +48,19 @@ def _loss(row: pd.Series) -> str:
     return f"{first} -> {final}" if first or final else ""
 
 
+def _efficiency(row: pd.Series) -> str:
+    """Above 100% only with its reason (the run's ``efficiency_note``)."""
+    cell = fmt(row["efficiency"], scale=100, unit="%")
+    note = row.get("efficiency_note")
+    if cell and isinstance(note, str) and note:
+        return f"{cell} ({note})"
+    return cell
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
 def _target_cell(row: pd.Series, target: Target) -> str:
     state = row.get(target_column(target, "state"))
     if state != "reached":
@@ -65,12 +78,15 @@ MAIN_COLUMNS: dict[str, Callable[[pd.Series], str]] = {
     "speedup vs none": lambda r: fmt(r["speedup"], unit="x"),
     "data wait": lambda r: fmt(r["data_wait_fraction"], scale=100, unit="%"),
     "loop overhead + sync": lambda r: fmt(r["loop_overhead_fraction"], scale=100, unit="%"),
-    "efficiency vs ceiling": lambda r: fmt(r["efficiency"], scale=100, unit="%"),
+    "efficiency vs ceiling": _efficiency,
     "device span (CUDA events)": lambda r: fmt(r["device_busy_fraction"], scale=100, unit="%"),
     "GPU util (median)": lambda r: fmt(r["gpu_util_pct_median"], unit="%"),
     "peak memory": lambda r: fmt(r["peak_device_gb"], unit=" GiB"),
     "ckpt blocking": _ckpt,
     "loss first -> final": _loss,
+    "bottleneck": lambda r: _text(r.get("bottleneck")),
+    "kernels / step (profile)": lambda r: fmt(r.get("profile_kernels_per_step"), digits=4),
+    "GPU active (profile)": lambda r: fmt(r.get("profile_gpu_active_fraction"), scale=100, unit="%"),
     "steps (warm-up)": lambda r: (f"{r['steps_measured']:.0f} ({r['warmup_steps']:.0f})"
                                   if not math.isnan(r["steps_measured"]) else ""),
     "run": lambda r: r["run"],
@@ -87,6 +103,17 @@ def main_table(runs: pd.DataFrame, targets: list[Target]) -> pd.DataFrame:
     table = pd.DataFrame({title: [show(row) for _, row in runs.iterrows()] for title, show in columns.items()})
     keep = [c for c in table.columns if (table[c] != "").any()]
     return table[keep]
+
+
+def bottleneck_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run that has a verdict: verdict, evidence, next."""
+    if "bottleneck" not in runs:
+        return pd.DataFrame()
+    part = runs[runs["bottleneck"].map(lambda v: isinstance(v, str) and bool(v))]
+    return pd.DataFrame({"model": part["model"].astype(str) + " (" + part["model_size"].astype(str) + ")",
+                         "setting": part["setting_key"], "bottleneck": part["bottleneck"],
+                         "evidence": part["bottleneck_evidence"].map(_text), "next": part["bottleneck_next"].map(_text),
+                         "run": part["run"]}).reset_index(drop=True)
 
 
 def val_tables(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -161,6 +188,10 @@ def write_markdown(path: Path, runs: pd.DataFrame, targets: list[Target], proble
                   "Efficiency: training throughput over the ceiling (the same model on one batch resident on "
                   "the device). Setting: the accel preset or ablation step, then any `accel.*` knob the run "
                   "overrode.", "", to_markdown(main_table(runs, targets)), ""]
+        verdicts = bottleneck_table(runs)
+        if not verdicts.empty:
+            parts += ["## Bottlenecks", "", "What bounds each run's step, the numbers that decided it and the knob "
+                      "to try next (rules and thresholds: docs/summary.md).", "", to_markdown(verdicts), ""]
         for model, table in val_tables(runs).items():
             parts += [f"## Validation: {model}", "", to_markdown(table), ""]
         parts += ["## Machines", "", to_markdown(machines_table(runs)), ""]
