@@ -14,7 +14,9 @@ from drivebench.models.gaussianformer.geometry import (
 )
 from drivebench.models.gaussianformer.head import GaussianOccupancyHead
 from drivebench.models.gaussianformer.image_encoder import ModulatedDeformConv2d
-from drivebench.models.gaussianformer.sparse_conv import GaussianSparseConv, kernel_offsets, submanifold_conv3d
+from drivebench.models.gaussianformer.sparse_conv import (
+    GaussianSparseConv, build_rulebook, kernel_offsets, submanifold_conv3d,
+)
 from drivebench.models.gaussianformer.splat import splat_gaussians, window_radius
 
 @pytest.fixture(scope="module", autouse=True)
@@ -145,22 +147,29 @@ def _dense_submanifold_reference(features, coords, batch_index, weight, shape, k
     return out[bi, :, x, y, z]
 
 
+def _random_voxels(gen: torch.Generator, shape, per_batch: int, batches: int = 2, duplicates: int = 0):
+    coords, batch_index = [], []
+    for b in range(batches):
+        flat = torch.randperm(math.prod(shape), generator=gen)[:per_batch]
+        if duplicates:
+            flat = torch.cat([flat, flat[:duplicates]])  # these voxels hold two points each
+        coords.append(torch.stack([flat // (shape[1] * shape[2]), (flat // shape[2]) % shape[1], flat % shape[2]], -1))
+        batch_index.append(torch.full((flat.shape[0],), b))
+    return torch.cat(coords), torch.cat(batch_index)
+
+
+@pytest.mark.parametrize("impl", ["rulebook", "dense"])
 @pytest.mark.parametrize("duplicates", [False, True])
-def test_submanifold_conv_matches_dense_conv3d_on_occupied_voxels(duplicates):
+def test_submanifold_conv_matches_dense_conv3d_on_occupied_voxels(duplicates, impl):
     gen = torch.Generator().manual_seed(3)
     shape, k, c_in, c_out = (7, 6, 5), 3, 4, 3
     m_per_batch = 40
-    coords, batch_index = [], []
-    for b in range(2):
-        flat = torch.randperm(math.prod(shape), generator=gen)[:m_per_batch]
-        if duplicates:
-            flat = torch.cat([flat, flat[:10]])  # ten voxels hold two points each
-        coords.append(torch.stack([flat // (shape[1] * shape[2]), (flat // shape[2]) % shape[1], flat % shape[2]], -1))
-        batch_index.append(torch.full((flat.shape[0],), b))
-    coords, batch_index = torch.cat(coords), torch.cat(batch_index)
+    coords, batch_index = _random_voxels(gen, shape, m_per_batch, duplicates=10 if duplicates else 0)
     features = torch.randn(coords.shape[0], c_in, generator=gen, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(k ** 3, c_in, c_out, generator=gen, dtype=torch.float64, requires_grad=True)
-    out = submanifold_conv3d(features, coords, batch_index, weight, shape, chunk_elements=c_in * coords.shape[0] * 4)
+    # a small chunk forces several GEMM chunks over the offsets, including a partial one
+    out = submanifold_conv3d(features, coords, batch_index, weight, shape, chunk_elements=c_in * coords.shape[0] * 4,
+                             impl=impl)
     ref = _dense_submanifold_reference(features, coords, batch_index, weight, shape, k)
     torch.testing.assert_close(out, ref)
     if duplicates:  # points sharing a voxel (last ten of batch 1 repeat its first ten) read the same output
@@ -171,6 +180,39 @@ def test_submanifold_conv_matches_dense_conv3d_on_occupied_voxels(duplicates):
     ref_grads = torch.autograd.grad((ref * g).sum(), (features, weight))
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_rulebook_holds_exactly_the_occupied_pairs(seed):
+    """Brute force: every ordered pair of occupied voxels of one sample whose offset lies in the 5^3 window."""
+    gen = torch.Generator().manual_seed(seed)
+    shape, ksize = (9, 8, 6), 5
+    coords, batch_index = _random_voxels(gen, shape, per_batch=60, duplicates=5)
+    nbrs, book = build_rulebook(coords, batch_index, shape, ksize)
+    offsets = kernel_offsets(ksize)
+    got = set()
+    for row in range(book.in_slots.shape[0]):
+        for i, o in zip(book.in_slots[row].tolist(), book.out_slots[row].tolist()):
+            if i < book.num_slots:
+                got.add((i, o, int(book.offset_ids[row])))
+    # the same pairs in terms of voxel coordinates (slots are an internal numbering)
+    slot_coord, slot_batch = {}, {}
+    for p, s in enumerate(nbrs.slot_of_point.tolist()):
+        slot_coord[s], slot_batch[s] = tuple(coords[p].tolist()), int(batch_index[p])
+    got_coords = {(slot_batch[i], slot_coord[i], slot_coord[o], k) for i, o, k in got}
+    voxels = sorted({(int(b), tuple(c)) for b, c in zip(batch_index.tolist(), coords.tolist())})
+    want = set()
+    for b_out, c_out in voxels:
+        for b_in, c_in in voxels:
+            d = tuple(ci - co for ci, co in zip(c_in, c_out))
+            if b_in == b_out and d != (0, 0, 0) and max(abs(v) for v in d) <= ksize // 2:
+                k = next(j for j, off in enumerate(offsets.tolist()) if tuple(off) == d)
+                want.add((b_in, c_in, c_out, k))
+    assert got_coords == want and len(want) > 0
+    assert book.num_pairs == len(want) and book.num_voxels == len(voxels)
+    macs = book.macs(8, 8)
+    assert macs["pairs_exact"] == (len(voxels) + len(want)) * 64
+    assert macs["pairs_exact"] <= macs["rulebook_padded"] < macs["dense_window"]
 
 
 def test_kernel_offsets_order_matches_conv3d_weight_layout():

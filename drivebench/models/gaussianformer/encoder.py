@@ -42,6 +42,7 @@ class EncoderBlockConfig:
     sparse_voxel_size: float = 0.5
     sparse_kernel_size: int = 5
     sparse_out_proj: bool = True
+    sparse_conv: str = "rulebook"
     aggregation_checkpoint: bool = False
 
 
@@ -54,7 +55,7 @@ class GaussianEncoderBlock(nn.Module):
         self.layout = layout
         self.sparse_conv = (
             GaussianSparseConv(d, layout.scene_lower, layout.scene_upper, cfg.sparse_voxel_size,
-                               cfg.sparse_kernel_size, cfg.sparse_out_proj)
+                               cfg.sparse_kernel_size, cfg.sparse_out_proj, impl=cfg.sparse_conv)
             if use_sparse_conv else None
         )
         self.sparse_norm = nn.LayerNorm(d) if use_sparse_conv else None

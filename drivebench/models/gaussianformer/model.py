@@ -68,6 +68,7 @@ class GaussianFormer(nn.Module):
         sparse_voxel_size: float = 0.5,
         sparse_kernel_size: int = 5,
         sparse_out_proj: bool = True,
+        sparse_conv: str = "rulebook",
         dropout: float = 0.1,
         attn_drop: float = 0.15,
         aggregation_checkpoint: bool = False,
@@ -104,7 +105,7 @@ class GaussianFormer(nn.Module):
             num_cams=num_cams, num_learnable_points=num_learnable_points, dropout=dropout, attn_drop=attn_drop,
             unit_xyz=tuple(float(v) for v in unit_xyz), sparse_voxel_size=sparse_voxel_size,
             sparse_kernel_size=sparse_kernel_size, sparse_out_proj=sparse_out_proj,
-            aggregation_checkpoint=aggregation_checkpoint,
+            sparse_conv=sparse_conv, aggregation_checkpoint=aggregation_checkpoint,
         )
         self.blocks = nn.ModuleList(
             [GaussianEncoderBlock(block_cfg, self.layout, use_sparse_conv=i > 0) for i in range(num_blocks)]
