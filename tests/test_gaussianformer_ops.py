@@ -83,12 +83,16 @@ def test_gaussian_axes_are_upstream_convention():
     torch.testing.assert_close(sigma[1] @ axes[1][:, 0], 4.0 * axes[1][:, 0], atol=1e-5, rtol=0)
 
 
-def test_splat_matches_dense_reference_values_and_gradients():
-    b, g, c = 2, 7, 5
+@pytest.mark.parametrize("window", ["radius", "max"])
+def test_splat_matches_dense_reference_values_and_gradients(window):
+    b, g, c = 2, 9, 5
     max_radius = window_radius(0.9, GRID.voxel_size)
-    inputs = [t.requires_grad_() for t in _random_gaussians(b, g, c, GRID)]
-    # a chunk of 2 Gaussians forces several chunks, including a partial one
-    out = splat_gaussians(*inputs, GRID, max_radius, chunk_pairs=2 * (2 * max_radius + 1) ** 3).double()
+    inputs = [t.requires_grad_() for t in _random_gaussians(b, g, c, GRID, scale_range=(0.1, 0.9))]
+    radii = torch.ceil(inputs[1].detach().amax(-1) * 3.0 / GRID.voxel_size).clamp(1, max_radius)
+    assert len(set(radii.flatten().tolist())) == 3  # three radius buckets (1, 2, 3 voxels)
+    # a chunk of 2 max-windows forces several chunks per bucket, including partial ones
+    out = splat_gaussians(*inputs, GRID, max_radius, chunk_pairs=2 * (2 * max_radius + 1) ** 3,
+                          window=window).double()
     ref_inputs = [t.detach().clone().requires_grad_() for t in inputs]
     ref = _dense_splat(*ref_inputs, GRID, max_radius)
     torch.testing.assert_close(out, ref.float().double(), rtol=1e-4, atol=1e-5)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from drivebench.models.gaussianformer.geometry import GaussianSet, GridSpec
-from drivebench.models.gaussianformer.splat import DEFAULT_CHUNK_PAIRS, splat_gaussians, window_radius
+from drivebench.models.gaussianformer.splat import DEFAULT_CHUNK_PAIRS, SPLAT_WINDOWS, splat_gaussians, window_radius
 
 
 class GaussianOccupancyHead(nn.Module):
@@ -22,6 +22,9 @@ class GaussianOccupancyHead(nn.Module):
       ``empty_scale``, opacity 1) adds ``empty_scalar`` (learnable, init 10) to the empty channel.
       Upstream splats it like the others; its window covers the whole grid, so here its density
       is a precomputed per-voxel buffer, which is the same sum.
+
+    ``window``: ``radius`` (each Gaussian's own window, upstream's work) or ``max`` (the largest window
+    for every Gaussian, masked: more work, no host sync); see ``splat``.
     """
 
     def __init__(
@@ -35,6 +38,7 @@ class GaussianOccupancyHead(nn.Module):
         empty_scale: Sequence[float] = (100.0, 100.0, 8.0),
         scale_multiplier: float = 3.0,
         chunk_pairs: int = DEFAULT_CHUNK_PAIRS,
+        window: str = "radius",
     ) -> None:
         super().__init__()
         if not 0 <= empty_label < num_classes:
@@ -46,6 +50,9 @@ class GaussianOccupancyHead(nn.Module):
         self.scale_multiplier = scale_multiplier
         self.max_radius = window_radius(max_scale, grid.voxel_size, scale_multiplier)
         self.chunk_pairs = chunk_pairs
+        if window not in SPLAT_WINDOWS:
+            raise ValueError(f"splat_window={window!r}; valid choices: {', '.join(SPLAT_WINDOWS)}")
+        self.window = window
         centres = grid.voxel_centers()
         self.register_buffer("voxel_centers", centres, persistent=False)
         if with_empty:
@@ -69,7 +76,7 @@ class GaussianOccupancyHead(nn.Module):
             zero = torch.zeros_like(sem[..., :1])
             sem = torch.cat([sem[..., :self.empty_label], zero, sem[..., self.empty_label:]], dim=-1)
         out = splat_gaussians(gaussians.means, gaussians.scales, gaussians.rotations, opacity, sem, self.grid,
-                              self.max_radius, self.scale_multiplier, self.chunk_pairs)
+                              self.max_radius, self.scale_multiplier, self.chunk_pairs, self.window)
         if self.with_empty:
             out = out + (self.empty_scalar * self.empty_density).unsqueeze(-1) * self.empty_onehot
         b = out.shape[0]

@@ -79,6 +79,7 @@ class GaussianFormer(nn.Module):
         empty_label: int = 17,
         loss_layers: str = "last",
         splat_chunk_pairs: int = DEFAULT_CHUNK_PAIRS,
+        splat_window: str = "radius",
         image_size: Sequence[int] = (864, 1600),
         compile_scope: str = "image_encoder",
     ) -> None:
@@ -111,7 +112,8 @@ class GaussianFormer(nn.Module):
             [GaussianEncoderBlock(block_cfg, self.layout, use_sparse_conv=i > 0) for i in range(num_blocks)]
         )
         self.head = GaussianOccupancyHead(self.grid, num_classes, empty_label, float(scale_range[1]), with_empty,
-                                          empty_mean, empty_scale, chunk_pairs=splat_chunk_pairs)
+                                          empty_mean, empty_scale, chunk_pairs=splat_chunk_pairs,
+                                          window=splat_window)
 
     def supervised_layers(self) -> list[int]:
         """Encoder layers whose occupancy is predicted in this mode (upstream ``apply_loss_type``)."""
