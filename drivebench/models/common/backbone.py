@@ -16,6 +16,8 @@ import torchvision
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
+from drivebench.models.common.checkpointing import run_blocks
+
 _RESNETS = {
     "resnet18": (torchvision.models.resnet18, (64, 128, 256, 512)),
     "resnet34": (torchvision.models.resnet34, (64, 128, 256, 512)),
@@ -34,7 +36,12 @@ class ResNetBackbone(nn.Module):
         norm_eval: use frozen BatchNorm (statistics and affine fixed), as upstream configs do.
         weights: optional path to a torchvision state_dict.
         width_div: divide channel widths (CPU test sizes); 1 for the real networks.
+        activation_checkpointing: recompute each residual block in backward instead of keeping its
+            activations (mmcv ``with_cp``; ``drivebench.models.common.checkpointing``). Switchable
+            after construction through the attribute of the same name.
     """
+
+    supports_activation_checkpointing = True
 
     def __init__(
         self,
@@ -44,8 +51,10 @@ class ResNetBackbone(nn.Module):
         norm_eval: bool = True,
         weights: str | None = None,
         width_div: int = 1,
+        activation_checkpointing: bool = False,
     ) -> None:
         super().__init__()
+        self.activation_checkpointing = bool(activation_checkpointing)
         if depth not in _RESNETS:
             raise ValueError(f"backbone depth={depth!r}; valid choices: {', '.join(_RESNETS)}")
         ctor, channels = _RESNETS[depth]
@@ -77,7 +86,7 @@ class ResNetBackbone(nn.Module):
         x = self.stem(x)
         outs = []
         for i, stage in enumerate(self.stages):
-            x = stage(x)
+            x = run_blocks(stage, x, self.activation_checkpointing)
             if i in self.out_indices:
                 outs.append(x)
             if i >= max(self.out_indices):

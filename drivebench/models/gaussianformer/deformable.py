@@ -14,6 +14,7 @@ from torch.utils.checkpoint import checkpoint
 from drivebench.models.gaussianformer.geometry import GaussianSet, gaussian_axes, safe_sigmoid
 from drivebench.models.gaussianformer.layers import linear_relu_ln
 from drivebench.models.ops import deformable_aggregation, masked_point_softmax
+from drivebench.models.ops.deformable_aggregation import AGGREGATION_IMPLS
 
 # upstream's 7 fixed keypoints: the centre and +-0.45 of the scale along each principal axis
 FIXED_KEYPOINTS = ((0.0, 0.0, 0.0), (0.45, 0.0, 0.0), (-0.45, 0.0, 0.0), (0.0, 0.45, 0.0), (0.0, -0.45, 0.0),
@@ -83,6 +84,8 @@ class DeformableAggregation(nn.Module):
         attn_drop: training-time probability to drop each (point, camera, level, group) weight (0.15).
         use_checkpoint: recompute the feature sampling in backward instead of keeping the sampled
             (B*N, C, Q, P) tensors of every level (large at 144k Gaussians).
+        impl: how the sampling runs (``drivebench.models.ops.deformable_aggregation``: grid_sample |
+            chunked | compiled).
     """
 
     def __init__(
@@ -94,8 +97,12 @@ class DeformableAggregation(nn.Module):
         num_learnable_points: int = 2,
         attn_drop: float = 0.15,
         use_checkpoint: bool = False,
+        impl: str = "grid_sample",
     ) -> None:
         super().__init__()
+        if impl not in AGGREGATION_IMPLS:
+            raise ValueError(f"aggregation={impl!r}; valid choices: {', '.join(AGGREGATION_IMPLS)}")
+        self.impl = impl
         if embed_dims % num_groups:
             raise ValueError(f"embed_dims={embed_dims} is not divisible by num_groups={num_groups}")
         self.num_groups, self.num_levels, self.num_cams = num_groups, num_levels, num_cams
@@ -144,7 +151,7 @@ class DeformableAggregation(nn.Module):
             logits = logits.masked_fill(dropped, float("-inf"))
         weights = masked_point_softmax(logits, visible)
         if self.use_checkpoint and torch.is_grad_enabled():
-            features = checkpoint(deformable_aggregation, feature_maps, uv, weights, use_reentrant=False)
+            features = checkpoint(deformable_aggregation, feature_maps, uv, weights, self.impl, use_reentrant=False)
         else:
-            features = deformable_aggregation(feature_maps, uv, weights)
+            features = deformable_aggregation(feature_maps, uv, weights, self.impl)
         return torch.cat([self.output_proj(features), instance_feature], dim=-1)

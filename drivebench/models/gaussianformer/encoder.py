@@ -44,6 +44,7 @@ class EncoderBlockConfig:
     sparse_out_proj: bool = True
     sparse_conv: str = "rulebook"
     aggregation_checkpoint: bool = False
+    aggregation: str = "grid_sample"
 
 
 class GaussianEncoderBlock(nn.Module):
@@ -60,7 +61,8 @@ class GaussianEncoderBlock(nn.Module):
         )
         self.sparse_norm = nn.LayerNorm(d) if use_sparse_conv else None
         self.aggregation = DeformableAggregation(d, cfg.num_groups, cfg.num_levels, cfg.num_cams,
-                                                 cfg.num_learnable_points, cfg.attn_drop, cfg.aggregation_checkpoint)
+                                                 cfg.num_learnable_points, cfg.attn_drop, cfg.aggregation_checkpoint,
+                                                 cfg.aggregation)
         self.ffn = AsymmetricFFN(2 * d, d, cfg.ffn_dims, cfg.dropout)
         self.norm = nn.LayerNorm(d)
         self.refine = GaussianRefinement(d, layout, cfg.unit_xyz)

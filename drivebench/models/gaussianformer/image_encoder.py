@@ -80,10 +80,12 @@ def build_image_encoder(
     width_div: int = 1,
     weights: str | None = None,
     num_levels: int = 4,
+    activation_checkpointing: bool = False,
 ) -> MultiViewImageEncoder:
-    """ResNet C3..C5 -> FPN with ``num_levels`` levels of ``embed_dims`` channels, frozen stem + stage 1."""
+    """ResNet C3..C5 -> FPN with ``num_levels`` levels of ``embed_dims`` channels, frozen stem + stage 1;
+    ``activation_checkpointing`` recomputes each residual block in backward (upstream ``with_cp``)."""
     backbone = ResNetBackbone(depth, out_indices=(1, 2, 3), frozen_stages=1, norm_eval=True, weights=weights,
-                              width_div=width_div)
+                              width_div=width_div, activation_checkpointing=activation_checkpointing)
     add_deformable_convs(backbone, dcn_stages)
     neck = FPNWithExtraLevel(backbone.out_channels, embed_dims, num_levels)
     return MultiViewImageEncoder(backbone, neck)

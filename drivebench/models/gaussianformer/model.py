@@ -72,6 +72,8 @@ class GaussianFormer(nn.Module):
         dropout: float = 0.1,
         attn_drop: float = 0.15,
         aggregation_checkpoint: bool = False,
+        aggregation: str = "grid_sample",
+        activation_checkpointing: bool = True,
         grid_shape: Sequence[int] = (200, 200, 16),
         grid_lower: Sequence[float] = (-50.0, -50.0, -5.0),
         voxel_size: float = 0.5,
@@ -98,7 +100,8 @@ class GaussianFormer(nn.Module):
         self.layout = AnchorLayout(self.grid.lower, self.grid.upper, (float(scale_range[0]), float(scale_range[1])),
                                    include_opacity, semantic_dim, semantics_activation)
 
-        self.image_encoder = build_image_encoder(depth, embed_dims, dcn_stages, width_div, backbone_weights, num_levels)
+        self.image_encoder = build_image_encoder(depth, embed_dims, dcn_stages, width_div, backbone_weights, num_levels,
+                                                 activation_checkpointing)
         self.lifter = GaussianLifter(num_gaussians, embed_dims, self.layout)
         self.anchor_encoder = AnchorEncoder(embed_dims, self.layout)
         block_cfg = EncoderBlockConfig(
@@ -106,7 +109,7 @@ class GaussianFormer(nn.Module):
             num_cams=num_cams, num_learnable_points=num_learnable_points, dropout=dropout, attn_drop=attn_drop,
             unit_xyz=tuple(float(v) for v in unit_xyz), sparse_voxel_size=sparse_voxel_size,
             sparse_kernel_size=sparse_kernel_size, sparse_out_proj=sparse_out_proj,
-            sparse_conv=sparse_conv, aggregation_checkpoint=aggregation_checkpoint,
+            sparse_conv=sparse_conv, aggregation_checkpoint=aggregation_checkpoint, aggregation=aggregation,
         )
         self.blocks = nn.ModuleList(
             [GaussianEncoderBlock(block_cfg, self.layout, use_sparse_conv=i > 0) for i in range(num_blocks)]

@@ -37,6 +37,8 @@ class MapTR(nn.Module):
         grid_mask: GridMask augmentation of the images in training (upstream on).
         head_fp32: run the BEV encoder and decoder in fp32 even under autocast, as upstream does
             under its fp16 recipe (``force_fp32`` on the head; only the image backbone is half).
+        activation_checkpointing: recompute the backbone's residual blocks in backward (mmcv
+            ``with_cp``; upstream MapTR trains without it).
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class MapTR(nn.Module):
         dropout: float = 0.1,
         grid_mask: bool = True,
         head_fp32: bool = True,
+        activation_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         if len(pc_range) != 6:
@@ -76,7 +79,8 @@ class MapTR(nn.Module):
         self.num_vec, self.num_pts, self.num_classes = num_vec, num_pts, num_classes
         self.head_fp32 = head_fp32
         resnet = ResNetBackbone(backbone, out_indices=(3,), frozen_stages=frozen_stages, norm_eval=norm_eval,
-                                weights=backbone_weights, width_div=width_div)
+                                weights=backbone_weights, width_div=width_div,
+                                activation_checkpointing=activation_checkpointing)
         self.image_encoder = MultiViewImageEncoder(resnet, FPN(resnet.out_channels, embed_dims))
         self.grid_mask = GridMask() if grid_mask else nn.Identity()
         self.bev_encoder = BEVEncoder(

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from drivebench.models.ops import deformable_aggregation, masked_point_softmax
+from drivebench.models.ops.deformable_aggregation import AGGREGATION_IMPLS
 from drivebench.models.sparsedrive.boxes import COS_YAW, H, L, SIN_YAW, W, X, Z
 
 
@@ -192,16 +193,20 @@ class DeformableFeatureAggregation(nn.Module):
     Keypoints from the anchor are projected with ``lidar2img``; per (keypoint, camera, level,
     group) weights come from the instance feature + anchor embedding + a camera embedding and are
     softmaxed jointly over (keypoint, camera, level), as upstream. The output is concatenated with
-    the input feature (``residual_mode="cat"``) and goes to a 2x-wide FFN.
+    the input feature (``residual_mode="cat"``) and goes to a 2x-wide FFN. ``impl`` picks how the
+    sampling runs (``drivebench.models.ops.deformable_aggregation``: grid_sample | chunked | compiled).
     """
 
     def __init__(self, dims: int, keypoints: nn.Module, num_groups: int = 8, num_levels: int = 4,
-                 num_cams: int = 6, attn_drop: float = 0.15) -> None:
+                 num_cams: int = 6, attn_drop: float = 0.15, impl: str = "grid_sample") -> None:
         super().__init__()
         if dims % num_groups:
             raise ValueError(f"embed dims {dims} not divisible by num_groups {num_groups}")
         self.dims, self.num_groups, self.num_levels, self.num_cams = dims, num_groups, num_levels, num_cams
+        if impl not in AGGREGATION_IMPLS:
+            raise ValueError(f"aggregation={impl!r}; valid choices: {', '.join(AGGREGATION_IMPLS)}")
         self.attn_drop = attn_drop
+        self.impl = impl
         self.kps = keypoints
         self.num_pts = keypoints.num_pts
         self.camera_encoder = nn.Sequential(*linear_relu_ln(dims, 1, 2, 12))
@@ -218,7 +223,7 @@ class DeformableFeatureAggregation(nn.Module):
         keypoints = self.kps(anchor, instance_feature)  # (B, Q, P, 3)
         weights = self._weights(instance_feature, anchor_embed, lidar2img)  # (B, Q, P, N, L, G)
         points = project_to_images(keypoints, lidar2img, image_wh)  # (B, Q, P, N, 2)
-        feats = deformable_aggregation(feature_maps, points, weights)
+        feats = deformable_aggregation(feature_maps, points, weights, impl=self.impl)
         return torch.cat([self.output_proj(feats), instance_feature], dim=-1)
 
     def _weights(self, instance_feature: torch.Tensor, anchor_embed: torch.Tensor, lidar2img: torch.Tensor) -> torch.Tensor:

@@ -99,6 +99,8 @@ class SparseDrive(nn.Module):
         num_det_classes: int = len(DETECTION_CLASSES),
         num_map_classes: int = len(MAP_CLASSES),
         loss: Mapping[str, Any] | None = None,
+        aggregation: str = "grid_sample",
+        activation_checkpointing: bool = True,
     ) -> None:
         super().__init__()
         if stage not in (1, 2):
@@ -113,7 +115,8 @@ class SparseDrive(nn.Module):
             num_map_temp = 0 if stage == 1 else max(num_map_anchors // 3, 1)
 
         backbone = ResNetBackbone(depth, out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=False,
-                                  weights=backbone_weights, width_div=width_div)
+                                  weights=backbone_weights, width_div=width_div,
+                                  activation_checkpointing=activation_checkpointing)
         self.encoder = MultiViewImageEncoder(backbone, FPN(backbone.out_channels, dims, num_outs=num_levels))
         self.grid_mask = GridMask() if grid_mask else None
         self.depth_net = DenseDepthNet(dims, num_depth_layers) if num_depth_layers > 0 else None
@@ -121,12 +124,13 @@ class SparseDrive(nn.Module):
         det_anchor_init = load_or_default(det_anchors, default_detection_anchors(num_det_anchors), "detection")
         self.det_head = build_detection_head(
             det_anchor_init, dims, num_det_classes, num_det_temp, num_layers, num_single_frame, num_heads, num_groups,
-            num_levels, num_cams, num_det_learnable_pts, confidence_decay, track_ids=(stage == 2), dropout=dropout)
+            num_levels, num_cams, num_det_learnable_pts, confidence_decay, track_ids=(stage == 2), dropout=dropout,
+            aggregation=aggregation)
         map_anchor_init = load_or_default(map_anchors, default_map_anchors(num_map_anchors, num_map_sample, self.map_roi, forward_yaw=self.forward_yaw), "map")
         self.map_head = build_map_head(
             map_anchor_init, dims, num_map_classes, num_map_temp, num_layers, num_single_frame, num_heads, num_groups,
             num_levels, num_cams, num_map_sample, num_map_learnable_pts, tuple(map_fix_height),
-            confidence_decay=confidence_decay, dropout=dropout)
+            confidence_decay=confidence_decay, dropout=dropout, aggregation=aggregation)
         self.denoiser = BoxDenoiser(num_dn_groups, num_det_classes) if num_dn_groups > 0 else None
         self.motion_head: MotionPlanningHead | None = None
         if stage == 2:

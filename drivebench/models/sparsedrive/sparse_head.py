@@ -66,6 +66,7 @@ class SparseInstanceHead(nn.Module):
         num_cams: int = 6,
         dfa_attn_drop: float = 0.15,
         ffn_ratio: int = 4,
+        aggregation: str = "grid_sample",
     ) -> None:
         super().__init__()
         self.bank = bank
@@ -83,7 +84,8 @@ class SparseInstanceHead(nn.Module):
             [nn.LayerNorm(dims) if (i > 0 or first_layer_self_attn) else nn.Identity() for i in range(num_layers)]
         )
         self.dfa = nn.ModuleList(
-            [DeformableFeatureAggregation(dims, make_keypoints(), num_groups, num_levels, num_cams, dfa_attn_drop) for _ in range(num_layers)]
+            [DeformableFeatureAggregation(dims, make_keypoints(), num_groups, num_levels, num_cams, dfa_attn_drop,
+                                          aggregation) for _ in range(num_layers)]
         )
         self.ffn = nn.ModuleList([AsymmetricFFN(2 * dims, dims, ffn_ratio * dims, dropout) for _ in range(num_layers)])
         self.ffn_norm = nn.ModuleList([nn.LayerNorm(dims) for _ in range(num_layers)])
@@ -227,7 +229,7 @@ class BoxRefinement(nn.Module):
 def build_detection_head(anchors: torch.Tensor, dims: int, num_cls: int, num_temp: int, num_layers: int,
                          num_single_frame: int, num_heads: int, num_groups: int, num_levels: int, num_cams: int,
                          num_learnable_pts: int = 6, confidence_decay: float = 0.6, track_ids: bool = False,
-                         dropout: float = 0.1) -> SparseInstanceHead:
+                         dropout: float = 0.1, aggregation: str = "grid_sample") -> SparseInstanceHead:
     """Sparse4D detection head as configured by ``sparsedrive_small``."""
     bank = InstanceBank(anchors, dims, num_temp, project_box_anchors, confidence_decay, feat_grad=False,
                         track_ids=track_ids)
@@ -237,7 +239,7 @@ def build_detection_head(anchors: torch.Tensor, dims: int, num_cls: int, num_tem
         make_refine=lambda: BoxRefinement(dims, num_cls),
         dims=dims, num_layers=num_layers, num_single_frame=num_single_frame, decouple_attn=True,
         first_layer_self_attn=False, num_heads=num_heads, dropout=dropout, num_groups=num_groups,
-        num_levels=num_levels, num_cams=num_cams,
+        num_levels=num_levels, num_cams=num_cams, aggregation=aggregation,
     )
 
 
@@ -274,7 +276,8 @@ def _project_polylines(anchor: torch.Tensor, prev2cur: torch.Tensor, dt: torch.T
 def build_map_head(anchors: torch.Tensor, dims: int, num_cls: int, num_temp: int, num_layers: int,
                    num_single_frame: int, num_heads: int, num_groups: int, num_levels: int, num_cams: int,
                    num_sample: int = 20, num_learnable_pts: int = 3, fix_height: tuple[float, ...] = (0, 0.5, -0.5, 1, -1),
-                   ground_height: float = -1.84023, confidence_decay: float = 0.6, dropout: float = 0.1) -> SparseInstanceHead:
+                   ground_height: float = -1.84023, confidence_decay: float = 0.6, dropout: float = 0.1,
+                   aggregation: str = "grid_sample") -> SparseInstanceHead:
     """Sparse online-map head as configured by ``sparsedrive_small`` (no decoupled attention)."""
     bank = InstanceBank(anchors, dims, num_temp, _project_polylines, confidence_decay, feat_grad=True)
     return SparseInstanceHead(
@@ -283,5 +286,5 @@ def build_map_head(anchors: torch.Tensor, dims: int, num_cls: int, num_temp: int
         make_refine=lambda: PolylineRefinement(dims, num_sample, num_cls),
         dims=dims, num_layers=num_layers, num_single_frame=num_single_frame, decouple_attn=False,
         first_layer_self_attn=True, num_heads=num_heads, dropout=dropout, num_groups=num_groups,
-        num_levels=num_levels, num_cams=num_cams,
+        num_levels=num_levels, num_cams=num_cams, aggregation=aggregation,
     )

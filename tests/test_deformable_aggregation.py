@@ -1,0 +1,94 @@
+"""The three implementations of the deformable aggregation compute the same sum (values and gradients)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drivebench.models.ops import deformable_aggregation, masked_point_softmax
+from drivebench.models.ops.deformable_aggregation import corner_gather_aggregation
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _inputs(seed: int = 0, b: int = 2, q: int = 7, p: int = 3, n: int = 2, c: int = 8, g: int = 2,
+            sizes=((6, 10), (3, 5)), dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    features = [torch.randn(b, n, c, h, w, generator=gen, dtype=dtype, requires_grad=True) for h, w in sizes]
+    # some keypoints leave the image (zero padding) and some sit near its border
+    points = (torch.rand(b, q, p, n, 2, generator=gen, dtype=dtype) * 1.3 - 0.15).requires_grad_()
+    logits = torch.randn(b, q, p, n, len(sizes), g, generator=gen, dtype=dtype)
+    visible = torch.rand(b, q, p, n, generator=gen) > 0.3
+    weights = masked_point_softmax(logits, visible).requires_grad_()
+    return features, points, weights
+
+
+def _value_and_grads(fn, features, points, weights, upstream):
+    out = fn(features, points, weights)
+    grads = torch.autograd.grad((out * upstream).sum(), [*features, points, weights])
+    return out, grads
+
+
+@pytest.mark.parametrize("impl", ["chunked", "corner_gather"])
+def test_implementations_match_grid_sample_values_and_gradients(impl):
+    features, points, weights = _inputs()
+    upstream = torch.randn(2, 7, 8, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    ref, ref_grads = _value_and_grads(lambda *a: deformable_aggregation(*a, impl="grid_sample"),
+                                      features, points, weights, upstream)
+    if impl == "chunked":  # 3 queries per chunk over 7 queries: chunks of 3, 3 and 1
+        per_query = 2 * 2 * 8 * 3 * 2
+        fn = lambda *a: deformable_aggregation(*a, impl="chunked", chunk_elements=3 * per_query)  # noqa: E731
+    else:
+        fn = corner_gather_aggregation
+    out, grads = _value_and_grads(fn, features, points, weights, upstream)
+    torch.testing.assert_close(out, ref)
+    assert ref.abs().sum() > 0
+    for name, got, want in zip(("level 0", "level 1", "points", "weights"), grads[:2] + grads[2:], ref_grads):
+        assert want.abs().sum() > 0, name
+        torch.testing.assert_close(got, want, msg=lambda m: f"grad of {name}: {m}")
+
+
+def test_chunked_keeps_only_one_chunk_of_samples_for_backward():
+    """Saved-for-backward bytes: grid_sample keeps every sample; chunked keeps its inputs (recomputes in backward)."""
+    features, points, weights = _inputs(q=64, p=4, c=16, sizes=((8, 12),), dtype=torch.float32)
+    sample_bytes = 2 * 2 * 16 * 64 * 4 * 4  # B * N * C * Q * P floats
+
+    def saved_bytes(impl: str) -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            deformable_aggregation(features, points, weights, impl=impl, chunk_elements=sample_bytes // 4 // 8)
+        inputs = {t.untyped_storage().data_ptr() for t in (*features, points, weights)}
+        return sum(n for ptr, n in seen.items() if ptr not in inputs)
+
+    dense, chunked = saved_bytes("grid_sample"), saved_bytes("chunked")
+    assert dense >= sample_bytes  # the (B*N, C, Q, P) samples themselves
+    assert chunked < sample_bytes / 8
+
+
+def test_compiled_matches_grid_sample():
+    features, points, weights = _inputs(dtype=torch.float32)
+    upstream = torch.randn(2, 7, 8, generator=torch.Generator().manual_seed(9))
+    ref, ref_grads = _value_and_grads(lambda *a: deformable_aggregation(*a, impl="grid_sample"),
+                                      features, points, weights, upstream)
+    out, grads = _value_and_grads(lambda *a: deformable_aggregation(*a, impl="compiled"),
+                                  features, points, weights, upstream)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_unknown_impl_is_refused():
+    features, points, weights = _inputs()
+    with pytest.raises(ValueError, match="valid choices: grid_sample, chunked, compiled"):
+        deformable_aggregation(features, points, weights, impl="triton")
