@@ -50,6 +50,7 @@ class Run:
     compiled_units: list[str]
     p2p: dict[str, Any] = field(default_factory=dict)
     cuda_graphs: str = "off"  # on | off | off: <why auto turned them off>
+    activation_checkpointing: dict[str, Any] = field(default_factory=dict)  # accel's decision, for the summary
     job: DistJob | None = None
     started: float = field(default_factory=time.time)
 
@@ -133,6 +134,7 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     )
     device_transform = transform.device_transform_for(accel) if hasattr(transform, "device_transform_for") else None
     net = build(cfg.model.net)
+    checkpointing = accel.apply_activation_checkpointing(net, machine, cfg.model.batch_size)  # before compile
     if accel.channels_last:
         to_channels_last(net)
     compiled = apply_compile(net, accel)
@@ -145,7 +147,7 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     )
     module.run_config = redact(_plain_config(cfg))
     run = Run(cfg=cfg, machine=machine, accel=accel, output_dir=output_dir, datamodule=datamodule,
-              module=module, compiled_units=compiled, p2p=p2p)
+              module=module, compiled_units=compiled, p2p=p2p, activation_checkpointing=checkpointing)
     kwargs = run.trainer_kwargs()  # validates dist.devices / backend against this machine before any work
     devices = kwargs["devices"]
     world = (devices if isinstance(devices, int) else len(devices)) * int(kwargs["num_nodes"])

@@ -94,3 +94,41 @@ def test_every_knob_is_documented_in_the_base_preset():
         key = line.split(":")[0]
         if key in knobs and key != "name":
             assert "#" in line, f"accel knob {key} has no comment in conf/accel/none.yaml"
+
+
+def _gpu_machine(memory_gb: float) -> MachineInfo:
+    return MachineInfo(hostname="h", cpu_model="x", cpu_cores=16, ram_gb=64, shm_gb=32, shm_free_gb=30,
+                       accelerator="cuda", gpus=[GPUInfo(0, "GPU", memory_gb, "9.0")], bf16_supported=True)
+
+
+def test_activation_checkpointing_keep_off_auto():
+    from drivebench.models import create_model
+
+    assert AccelSettings.resolve(preset("none"), machine(1, 16)).activation_checkpointing == "keep"
+    assert AccelSettings.resolve(preset("max"), machine(1, 16)).activation_checkpointing == "auto"
+    net = create_model("sparsedrive", "test")  # upstream: with_cp=True
+    backbone = net.encoder.backbone
+    keep = AccelSettings.resolve(preset("none"), _gpu_machine(139.0)).apply_activation_checkpointing(net, _gpu_machine(139.0), 6)
+    assert keep["enabled"] and keep["model_default"] and backbone.activation_checkpointing
+    off = AccelSettings.resolve(preset("none", "accel.activation_checkpointing=off"), machine(0, 2))
+    assert not off.apply_activation_checkpointing(net, machine(0, 2), 6)["enabled"]
+    assert not backbone.activation_checkpointing
+    backbone.activation_checkpointing = True
+    auto = AccelSettings.resolve(preset("max"), _gpu_machine(139.0))
+    big = auto.apply_activation_checkpointing(net, _gpu_machine(139.0), 6)
+    assert not big["enabled"] and 0 < big["saved_gib_estimate"] <= big["budget_gib"] and "auto: off" in big["reason"]
+    backbone.activation_checkpointing = True
+    tiny_gpu = _gpu_machine(big["saved_gib_estimate"] * 2)  # 25% of it is less than what checkpointing saves
+    small = auto.apply_activation_checkpointing(net, tiny_gpu, 6)
+    assert small["enabled"] and backbone.activation_checkpointing and "auto: kept" in small["reason"]
+    on_cpu = auto.apply_activation_checkpointing(net, machine(0, 2), 6)
+    assert on_cpu["enabled"] and "not a CUDA device" in on_cpu["reason"]
+    maptr = create_model("maptr", "test")  # upstream trains without: auto has nothing to turn off
+    assert auto.apply_activation_checkpointing(maptr, _gpu_machine(139.0), 4) == {
+        "knob": "auto", "model_default": False, "enabled": False,
+        "reason": "model.net.activation_checkpointing (upstream's setting)"}
+
+
+def test_activation_checkpointing_bad_value_names_the_choices():
+    with pytest.raises(ConfigError, match="accel.activation_checkpointing='sometimes' is not valid; choose one of: keep, off, auto"):
+        AccelSettings.resolve(preset("none", "accel.activation_checkpointing=sometimes"), machine(0, 2))

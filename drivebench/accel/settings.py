@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
 import torch
+from torch import nn
 
 from drivebench.errors import ConfigError, bad_choice
 from drivebench.perf.machine import MachineInfo
@@ -19,6 +20,10 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 MAX_LOADER_WORKERS = 16
 DEVICE_TRANSFORMS = ("off", "images", "decode")
 CUDA_GRAPHS = ("off", "on", "auto")
+ACTIVATION_CHECKPOINTING = ("keep", "off", "auto")
+# auto turns a model's backbone checkpointing off where the activations it would drop (measured on
+# the meta device for the run's batch, float32) fit in this share of the device's memory
+CHECKPOINTING_AUTO_SHARE = 0.25
 
 
 @dataclass
@@ -47,6 +52,7 @@ class AccelSettings:
     prefetch_across_epochs: bool
     cuda_graphs: str  # off | on | auto here; app.build_run settles auto against the model and the run
     fused_optimizer: bool
+    activation_checkpointing: str
 
     @classmethod
     def resolve(cls, cfg: Mapping[str, Any], machine: MachineInfo) -> "AccelSettings":
@@ -117,6 +123,9 @@ class AccelSettings:
             raise ConfigError("accel.cuda_graphs=on needs a CUDA GPU; this machine runs on the CPU (use off or auto)")
         if not on_gpu:
             graphs = "off"
+        checkpointing = str(cfg["activation_checkpointing"])
+        if checkpointing not in ACTIVATION_CHECKPOINTING:
+            raise bad_choice("accel.activation_checkpointing", cfg["activation_checkpointing"], ACTIVATION_CHECKPOINTING)
         persistent = flag("persistent_workers", num_workers > 0)
         if num_workers == 0:
             persistent, prefetch = False, None  # torch rejects these without workers: a no-op here
@@ -143,6 +152,7 @@ class AccelSettings:
             prefetch_across_epochs=flag("prefetch_across_epochs", num_workers > 0),
             cuda_graphs=graphs,
             fused_optimizer=flag("fused_optimizer", on_gpu) and on_gpu,
+            activation_checkpointing=checkpointing,
         )
 
     def numerics_changes(self) -> list[str]:
@@ -165,6 +175,47 @@ class AccelSettings:
             changes.append("device_transform=decode (nvjpeg decode and bilinear warps differ from the CPU path "
                            "in the last bits)")
         return changes
+
+    def apply_activation_checkpointing(self, net: nn.Module, machine: MachineInfo, batch_size: int) -> dict[str, Any]:
+        """Resolve ``activation_checkpointing`` for ``net`` and switch its backbones; returns the summary record.
+
+        ``keep``: the model's own setting (``model.net.activation_checkpointing``, upstream's default);
+        ``off``: never; ``auto``: off on a CUDA device when the activations checkpointing would drop
+        for this batch fit in ``CHECKPOINTING_AUTO_SHARE`` of its memory, kept otherwise. It changes
+        memory and time, not arithmetic (tests/test_activation_checkpointing.py).
+        """
+        from drivebench.models.common.checkpointing import (
+            checkpointable_backbones, saved_activation_bytes, set_activation_checkpointing,
+        )
+
+        backbones = checkpointable_backbones(net)
+        record: dict[str, Any] = {"knob": self.activation_checkpointing}
+        if not backbones:
+            return {**record, "model_default": None, "enabled": False,
+                    "reason": "the model has no checkpointable backbone"}
+        default = any(b.activation_checkpointing for b in backbones)
+        record["model_default"] = default
+        enabled, reason = default, "model.net.activation_checkpointing (upstream's setting)"
+        if self.activation_checkpointing == "off":
+            enabled, reason = False, "accel.activation_checkpointing=off"
+        elif self.activation_checkpointing == "auto" and default:
+            shape_of = getattr(net, "backbone_input_shape", None)
+            if machine.accelerator != "cuda" or not machine.gpus:
+                reason = "auto: kept (not a CUDA device)"
+            elif shape_of is None:
+                reason = "auto: kept (the model gives no backbone input shape to measure with)"
+            else:
+                saved = sum(saved_activation_bytes(b, shape_of(batch_size)) for b in backbones) / 2**30
+                budget = CHECKPOINTING_AUTO_SHARE * min(g.memory_gb for g in machine.gpus)
+                record.update(saved_gib_estimate=round(saved, 3), budget_gib=round(budget, 2))
+                if saved <= budget:
+                    enabled, reason = False, (f"auto: off (drops {saved:.2f} GiB of activations at batch {batch_size}, "
+                                              f"within {CHECKPOINTING_AUTO_SHARE:.0%} of device memory)")
+                else:
+                    reason = (f"auto: kept ({saved:.2f} GiB of activations at batch {batch_size} exceed "
+                              f"{CHECKPOINTING_AUTO_SHARE:.0%} of device memory)")
+        set_activation_checkpointing(net, enabled)
+        return {**record, "enabled": enabled, "reason": reason}
 
     def apply_global_flags(self) -> None:
         """Process-wide torch switches (matmul precision, cuDNN autotuning)."""

@@ -310,6 +310,7 @@ class TrainBench:
                 "accel": run.accel.to_dict(),
                 "numerics_changed_by": run.accel.numerics_changes(),
                 "cuda_graphs": {"status": run.cuda_graphs},
+                "activation_checkpointing": run.activation_checkpointing,
                 "compiled_units": run.compiled_units or (
                     "none: the model declares no compile units" if run.accel.compile else []),
                 "batch_size": cfg.model.batch_size,

@@ -96,6 +96,7 @@ class GaussianFormer(nn.Module):
         self.empty_label = empty_label
         self.loss_layers = loss_layers
         self.image_size = tuple(int(v) for v in image_size)  # (H, W) the paper config feeds; metadata only
+        self.num_cams = num_cams
         semantic_dim = num_classes - int(with_empty)
         self.layout = AnchorLayout(self.grid.lower, self.grid.upper, (float(scale_range[0]), float(scale_range[1])),
                                    include_opacity, semantic_dim, semantics_activation)
@@ -117,6 +118,10 @@ class GaussianFormer(nn.Module):
         self.head = GaussianOccupancyHead(self.grid, num_classes, empty_label, float(scale_range[1]), with_empty,
                                           empty_mean, empty_scale, chunk_pairs=splat_chunk_pairs,
                                           window=splat_window)
+
+    def backbone_input_shape(self, batch_size: int) -> tuple[int, int, int, int]:
+        """What the backbone sees per step: every camera image of the batch (sizes the checkpointing choice)."""
+        return (batch_size * self.num_cams, 3, *self.image_size)
 
     def supervised_layers(self) -> list[int]:
         """Encoder layers whose occupancy is predicted in this mode (upstream ``apply_loss_type``)."""

@@ -48,6 +48,9 @@ class SparseDrive(nn.Module):
     Args (sizes in ``__init__.py``): ``stage`` 1 trains detection + map, 2 adds motion and
     planning. ``det_anchors`` / ``map_anchors`` / ``motion_anchors`` / ``plan_anchors``: optional
     ``.npy`` k-means files as upstream's ``data/kmeans``; built-in defaults otherwise.
+    ``aggregation``: how the deformable aggregation samples (grid_sample | chunked | compiled).
+    ``activation_checkpointing``: recompute the ResNet's residual blocks in backward (upstream
+    ``with_cp=True``). ``image_size``: the (H, W) the model is fed (metadata for accel's checkpointing).
 
     Frame: nuScenes' LIDAR_TOP (x right, y forward, z up), as upstream and the data layer, so the
     ego heads along ``forward_yaw`` = pi/2 and ``map_roi`` = (x extent, y extent) = (30, 60) m. A
@@ -101,12 +104,14 @@ class SparseDrive(nn.Module):
         loss: Mapping[str, Any] | None = None,
         aggregation: str = "grid_sample",
         activation_checkpointing: bool = True,
+        image_size: tuple[int, int] = (256, 704),
     ) -> None:
         super().__init__()
         if stage not in (1, 2):
             raise ValueError(f"stage={stage!r}; SparseDrive trains in stage 1 (det + map) or 2 (+ motion/planning)")
         self.stage = stage
         self.dims, self.num_cams = dims, num_cams
+        self.image_size = (int(image_size[0]), int(image_size[1]))  # (H, W) fed to the backbone; metadata only
         self.map_roi = tuple(map_roi)
         self.forward_yaw = float(forward_yaw)
         self.num_map_sample = num_map_sample
@@ -198,6 +203,10 @@ class SparseDrive(nn.Module):
         self._prev_lidar2global = lidar2global.detach()
         self._prev_timestamp = timestamp.detach()
         return TemporalContext(has_history, valid, prev2cur, dt, interval)
+
+    def backbone_input_shape(self, batch_size: int) -> tuple[int, int, int, int]:
+        """What the backbone sees per step: every camera image of the batch (sizes the checkpointing choice)."""
+        return (batch_size * self.num_cams, 3, *self.image_size)
 
     # ---- forward -----------------------------------------------------------------------------
     def compile_units(self) -> dict[str, nn.Module]:
