@@ -4,16 +4,11 @@ images -> ResNet+FPN -> N learnable Gaussians -> 4 encoder blocks (deformable ag
 conv among Gaussians, refinement) -> Gaussian-to-voxel splatting on the occupancy grid at the
 supervised layers. Reads the batch keys of ``docs/batch-contract.md`` (camera models).
 
-Differences from huang-yh/GaussianFormer (all in plain PyTorch, no compiled extensions):
-* batches of any size (upstream asserts 1); no host syncs on the forward/backward path;
-* splatting: custom autograd function over chunks of (Gaussian, voxel) pairs with a fixed r_max window
-  (same sum as ``local_aggregate``); the fixed "empty" Gaussian is a precomputed per-voxel density;
-  Sigma^-1 in closed form on the device instead of ``Cov.cpu().inverse()``;
-* sparse conv: sort + searchsorted neighbour lookup and masked gather-GEMM over all 125 offsets (spconv
-  only visits occupied pairs); several Gaussians in one voxel share the mean of their features;
-* backbone: torchvision ResNet (pytorch style: stride in the 3x3 conv) with DCNv2 through
-  ``torchvision.ops.deform_conv2d``; no gradient checkpointing in the backbone (upstream ``with_cp``);
-* visibility tested against the valid (unpadded) image region of ``img_shape``.
+Differences from huang-yh/GaussianFormer, their cost and the knobs that restore upstream's step:
+``README.md`` in this package. In short: plain PyTorch, no compiled extensions; batches of any size
+(upstream asserts 1); the sparse conv and the splatting visit upstream's pairs (one host sync each);
+Sigma^-1 in closed form on the device; torchvision's pytorch-style ResNet with DCNv2 through
+``torchvision.ops.deform_conv2d``; backbone activation checkpointing as upstream's ``with_cp``.
 """
 
 from __future__ import annotations
