@@ -114,3 +114,32 @@ def test_losses_and_gradients_equal_with_checkpointing_on_and_off(model):
         torch.testing.assert_close(b, a)
         compared += 1
     assert compared > 50
+
+
+def test_checkpointed_backbone_compiles_whole_and_keeps_the_numbers():
+    """Under torch.compile (aot_eager: Dynamo + AOTAutograd without Inductor's codegen) the checkpoints
+    trace into the graph without breaks; outputs, gradients and BatchNorm statistics are eager's."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    eager = ResNetBackbone("resnet18", out_indices=(1, 3), frozen_stages=-1, norm_eval=False, width_div=8).train()
+    compiled = ResNetBackbone("resnet18", out_indices=(1, 3), frozen_stages=-1, norm_eval=False, width_div=8).train()
+    compiled.load_state_dict(eager.state_dict())
+    compiled.activation_checkpointing = True
+    x = torch.randn(2, 3, 32, 48)
+    torch._dynamo.reset()
+    counters.clear()
+    run = torch.compile(compiled, backend="aot_eager")
+    results = []
+    for module in (eager, run):
+        outs = module(x)
+        grads = torch.autograd.grad(sum(o.square().mean() for o in outs), list(eager.parameters()) if module is eager
+                                    else list(compiled.parameters()))
+        results.append((outs, grads))
+    assert sum(counters["graph_break"].values()) == 0
+    for a, b in zip(results[0][0], results[1][0]):
+        torch.testing.assert_close(b, a)
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+    for (name, a), b in zip(eager.state_dict().items(), compiled.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=name)
