@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from drivebench.doctor import gpus, nvml, p2p, probe, storage, torch_compile
+from drivebench.doctor import gpus, probe, storage, torch_compile
 from drivebench.doctor.context import build_context
-from drivebench.doctor.p2p import PairMeasure, cached_p2p_verdict, recommend_p2p, write_verdict
 from drivebench.doctor.probe import ProbeRun
 from drivebench.doctor.result import Status
+from drivebench.hardware import nvml, p2p
+from drivebench.hardware.p2p import PairMeasure, cached_p2p_verdict, recommend_p2p, write_verdict
 
 
 @pytest.fixture(autouse=True)
@@ -172,7 +173,7 @@ def test_allreduce_check_caches_its_verdict_and_fails_when_config_forces_p2p(tmp
 
     monkeypatch.setattr(gpus, "_cuda_gpus", lambda: (torch, 2, None))
     pcie = {"link": "PCIe", "nccl_level": "PHB"}
-    monkeypatch.setattr(gpus, "_pair_levels", lambda t, pairs: {p: pcie for p in pairs})
+    monkeypatch.setattr(gpus, "_pair_levels", lambda pairs: {p: pcie for p in pairs})
     measured = {True: {(0, 1): {"error": "hung: no answer after 45 s (killed)"}},
                 False: {(0, 1): {"busbw_gbs": 21.0, "correct": True}}}
     monkeypatch.setattr(gpus, "_measure_allreduce", lambda count, pairs, p2p: measured[p2p])
