@@ -113,6 +113,17 @@ def detect_machine(accelerator: str = "auto") -> MachineInfo:
     return info
 
 
+# Filesystem types that live on another machine (mount types as /proc/mounts names them); any
+# "fuse*" type counts too (sshfs, gcsfuse, s3fs, ... mounted through FUSE)
+NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "cephfs",
+                        "glusterfs", "panfs", "wekafs", "afs", "9p", "virtiofs", "ocfs2", "davfs", "sshfs"})
+
+
+def is_network_fs(fstype: str | None) -> bool:
+    """A network or FUSE mount: writes and reads cross a link, and may be much slower than local disk."""
+    return bool(fstype) and (fstype in NETWORK_FS or fstype.startswith("fuse"))  # type: ignore[union-attr]
+
+
 def filesystem_of(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Mount point, filesystem type and free space of the filesystem holding ``path``."""
     target = Path(path).resolve()
