@@ -20,7 +20,7 @@ def test_two_dirs_measured_fastest_named_unwritable_reported(tmp_path, cache):
     blocker.write_text("x")
     run_dir = tmp_path / "run"
     # no -m and no quotes: the CLI itself reads the comma list as candidates, not as a sweep
-    proc = run_cli(["bench=storage", "model=qcnet", "model.size=tiny", "data.size=mini", "bench.repeats=2",
+    proc = run_cli(["bench=storage", "model=qcnet", "model.size=test", "data.size=mini", "bench.repeats=2",
                     f"ckpt.dir={a},{b},{blocker}/ckpt", f"hydra.run.dir={run_dir}"], cache, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     storage = summary(run_dir)["storage"]
