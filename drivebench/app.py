@@ -96,9 +96,10 @@ def _check_positive(cfg: DictConfig, key: str) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Checks that need no machine: names, sizes, counts."""
+    """Checks that need no machine: names, sizes, counts. A deprecated size name is replaced by its
+    current one (``model.size=tiny`` -> ``test`` for QCNet), so everything after sees one name."""
     try:
-        get_spec(cfg.model.name).kwargs_for(cfg.model.size)
+        cfg.model.size = get_spec(cfg.model.name).resolve_size(cfg.model.size)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     _check_positive(cfg, "model.batch_size")

@@ -98,7 +98,7 @@ def _cached_verdict(cache_dir: str | None) -> str | None:
     try:
         from pathlib import Path
 
-        from drivebench.doctor.p2p import cached_p2p_verdict
+        from drivebench.hardware.p2p import cached_p2p_verdict
 
         return cached_p2p_verdict(Path(cache_dir))
     except Exception as err:  # a missing or unreadable cache is not an error

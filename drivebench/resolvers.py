@@ -1,8 +1,9 @@
 """OmegaConf resolvers used by conf/ (registered on import of ``drivebench``).
 
 ``${on_gpu:A,B}`` is A on a machine with a CUDA GPU and B otherwise. The model configs use it for
-their default size: the paper size on GPUs, the CPU-test size on CPU-only machines (QCNet at paper
-size needs about a minute per step on 2 cores). An explicit ``model.size=...`` always wins.
+their default size: the paper size on GPUs, the CPU test size (``test``, for every model) on
+CPU-only machines (QCNet at paper size needs about a minute per step on 2 cores). An explicit
+``model.size=...`` always wins.
 """
 
 from __future__ import annotations

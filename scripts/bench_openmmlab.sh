@@ -6,7 +6,7 @@
 #   scripts/bench_openmmlab.sh [OUT_DIR] [extra overrides...]
 #   e.g. scripts/bench_openmmlab.sh outputs/openmmlab-compare model.size=config data.size=bench
 #
-# Defaults follow the machine (model.size tiny and data.size mini on CPUs); steps: bench.steps (auto).
+# Defaults follow the machine (model.size test and data.size mini on CPUs); steps: bench.steps (auto).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

@@ -1,6 +1,6 @@
 """Helpers shared by the checkpoint tests that run ``python -m drivebench`` in a subprocess (no tests here).
 
-Every run is QCNet tiny on the mini Argoverse 2 set, accel=none, warm-up 0, no ceiling, no
+Every run is QCNet `test` (the CPU test size) on the mini Argoverse 2 set, accel=none, warm-up 0, no ceiling, no
 validation, ``train/loss`` logged every step. Subprocesses run with one intra-op thread: the
 arithmetic is then the same in every run whatever else the machine does, so a resumed run and an
 uninterrupted one can be compared step for step.
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-TRAIN = ["model=qcnet", "model.size=tiny", "data.size=mini", "accel=none", "bench.ceiling=false",
+TRAIN = ["model=qcnet", "model.size=test", "data.size=mini", "accel=none", "bench.ceiling=false",
          "bench.val_batches=0", "trainer.log_every_n_steps=1", "bench.warmup_steps=0"]
 LOSS_TOLERANCE = 1e-5  # absolute; observed: bit-identical (0.0) with one thread in every run
 

@@ -3,7 +3,7 @@
 An uninterrupted 16-step run (no checkpoints at all) is the reference. Interrupted runs are killed
 with SIGKILL (mid-run, and half-way through writing a checkpoint); the directory must then hold
 only complete checkpoints under final names, and ``resume=auto`` must continue so that every later
-step's loss equals the reference's (same global steps; QCNet tiny has dropout, so this needs the RNG
+step's loss equals the reference's (same global steps; QCNet test has dropout, so this needs the RNG
 states and the data position restored, not just the weights).
 """
 

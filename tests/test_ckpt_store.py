@@ -195,16 +195,17 @@ def test_stager_moves_device_tensors_into_reused_pinned_buffers():
 
 
 # ---- resume resolution -----------------------------------------------------------------------
-def cfg(resume, outputs_root, model="qcnet", size="tiny", data="argoverse2"):
+def cfg(resume, outputs_root, model="qcnet", size="test", data="argoverse2"):
     return OmegaConf.create({"resume": resume, "paths": {"outputs_root": str(outputs_root)},
                              "model": {"name": model, "size": size}, "data": {"name": data}})
 
 
-def fake_run(root: Path, name: str, steps: list[int], model: str = "qcnet", mtime: float | None = None) -> Path:
+def fake_run(root: Path, name: str, steps: list[int], model: str = "qcnet", mtime: float | None = None,
+             size: str = "test") -> Path:
     run = root / name
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
-        {"model": {"name": model, "size": "tiny"}, "data": {"name": "argoverse2"}}))
+        {"model": {"name": model, "size": size}, "data": {"name": "argoverse2"}}))
     store = CheckpointStore(str(run / "checkpoints"))
     store.prepare()
     for step in steps:
@@ -217,7 +218,7 @@ def fake_run(root: Path, name: str, steps: list[int], model: str = "qcnet", mtim
 def test_resume_auto_prefers_ckpt_dir_then_newest_run_of_the_same_workload(tmp_path):
     outputs = tmp_path / "outputs"
     fake_run(outputs, "old", [4, 8], mtime=1_000)
-    newest = fake_run(outputs, "new", [2], mtime=2_000)
+    newest = fake_run(outputs, "new", [2], mtime=2_000, size="tiny")  # QCNet test's old name: the same workload
     fake_run(outputs, "other-model", [50], model="maptr", mtime=3_000)
     assert find_resume_checkpoint(cfg("auto", outputs), None) == str(newest / "checkpoints" / checkpoint_name(2))
 

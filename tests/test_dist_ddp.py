@@ -66,7 +66,7 @@ if _OUT:
     _pl.Trainer.__init__ = _init_with_recorder
 
     if os.environ.get("DRIVEBENCH_TEST_FAKE_GPUS"):  # dist.p2p=auto looks its verdict up by GPU names
-        from drivebench.doctor import nvml as _nvml
+        from drivebench.hardware import nvml as _nvml
 
         _nvml.visible_gpu_names = lambda: ["NVIDIA H200", "NVIDIA H200"]
         _nvml.driver_info = lambda: ("570.86.15", "12.8")
@@ -194,7 +194,7 @@ def test_torchrun_one_run_dir_under_outputs_root(drivebench, tmp_path):
 
 def test_multirun_with_ddp_runs_each_job_once(drivebench, tmp_path):
     # dist.p2p=auto with a doctor verdict cached for (pretend) GPUs: every job applies it
-    from drivebench.doctor.p2p import P2PVerdict, machine_key, write_verdict
+    from drivebench.hardware.p2p import P2PVerdict, machine_key, write_verdict
 
     key = machine_key(["NVIDIA H200", "NVIDIA H200"], "570.86.15")  # what the probe's fake NVML reports
     write_verdict(drivebench.cache, key, P2PVerdict("PIX", "measured by the test"), [])

@@ -18,9 +18,9 @@ from drivebench import dist
 from drivebench.cli import pop_local_rank
 from drivebench.data.sampling import RandomBatchSampler
 from drivebench.data.streaming import SequenceGroupedBatchSampler
-from drivebench.doctor import nvml
-from drivebench.doctor.p2p import P2PVerdict, current_machine_key, write_verdict
 from drivebench.errors import ConfigError
+from drivebench.hardware import nvml
+from drivebench.hardware.p2p import P2PVerdict, current_machine_key, write_verdict
 from drivebench.perf.machine import GPUInfo, MachineInfo
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -79,6 +79,16 @@ def test_p2p_invalid_value_is_a_one_line_error():
         dist.apply_p2p("sometimes", environ={})
     assert "\n" not in str(err.value)
     assert "dist.p2p='sometimes'" in str(err.value) and "auto, on, off, LOC" in str(err.value)
+
+
+def test_the_training_path_does_not_import_the_doctor(tmp_path):
+    # dist.p2p=auto reads the verdict through drivebench.hardware, which the doctor also writes through
+    code = ("import sys, drivebench.app, drivebench.bench.runners, drivebench.dist, drivebench.perf.system; "
+            f"drivebench.dist.apply_p2p('auto', cache_dir={str(tmp_path)!r}, environ={{}}); "
+            "drivebench.perf.system.SystemMonitor(0).start(); "
+            "print(sorted(m for m in sys.modules if m.startswith('drivebench.doctor')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 # ---- devices, backend, launch environment --------------------------------------------------------

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from drivebench.doctor import gpus, nvml, p2p, probe, storage, torch_compile
+from drivebench.doctor import gpus, probe, storage, torch_compile
 from drivebench.doctor.context import build_context
-from drivebench.doctor.p2p import PairMeasure, cached_p2p_verdict, recommend_p2p, write_verdict
 from drivebench.doctor.probe import ProbeRun
 from drivebench.doctor.result import Status
+from drivebench.hardware import nvml, p2p
+from drivebench.hardware.p2p import PairMeasure, cached_p2p_verdict, recommend_p2p, write_verdict
 
 
 @pytest.fixture(autouse=True)
@@ -172,7 +173,7 @@ def test_allreduce_check_caches_its_verdict_and_fails_when_config_forces_p2p(tmp
 
     monkeypatch.setattr(gpus, "_cuda_gpus", lambda: (torch, 2, None))
     pcie = {"link": "PCIe", "nccl_level": "PHB"}
-    monkeypatch.setattr(gpus, "_pair_levels", lambda t, pairs: {p: pcie for p in pairs})
+    monkeypatch.setattr(gpus, "_pair_levels", lambda pairs: {p: pcie for p in pairs})
     measured = {True: {(0, 1): {"error": "hung: no answer after 45 s (killed)"}},
                 False: {(0, 1): {"busbw_gbs": 21.0, "correct": True}}}
     monkeypatch.setattr(gpus, "_measure_allreduce", lambda count, pairs, p2p: measured[p2p])
@@ -199,7 +200,7 @@ def fake_av2_root(root: Path) -> Path:
 def test_storage_bandwidth_checks_measure_and_clean_up(tmp_path):
     root = fake_av2_root(tmp_path / "av2")
     ckpt = tmp_path / "ckpt"
-    ctx = build_context([f"ckpt.dir={ckpt}", f"data.root={root}", "model.size=tiny"], skip_slow=False)
+    ctx = build_context([f"ckpt.dir={ckpt}", f"data.root={root}", "model.size=test"], skip_slow=False)
     write = storage.ckpt_write_check(ctx)
     assert write.status is Status.PASS and write.data["mb_per_s"] > 0
     assert write.data["write"]["nbytes"] == ctx.checkpoint_bytes()[0]
@@ -212,7 +213,7 @@ def test_storage_bandwidth_checks_measure_and_clean_up(tmp_path):
 
 
 def test_slow_network_checkpoint_mount_warns(tmp_path, monkeypatch):
-    ctx = build_context([f"ckpt.dir={tmp_path / 'ckpt'}", "model.size=tiny"], skip_slow=False)
+    ctx = build_context([f"ckpt.dir={tmp_path / 'ckpt'}", "model.size=test"], skip_slow=False)
     monkeypatch.setattr(storage, "filesystem_of", lambda p: {"path": str(p), "mount": "/mnt/nfs", "fstype": "nfs4",
                                                              "free_gb": 500.0})
     monkeypatch.setattr(storage, "write_probe", lambda d, n: storage.WriteStats(n, n / 50e6, 0.5))
@@ -247,7 +248,7 @@ def test_compile_failure_is_fail_only_where_the_config_compiles(monkeypatch):
 
 
 def test_remote_checkpoint_url_is_checked_with_fsspec():
-    ctx = build_context(["ckpt=remote", "ckpt.dir=memory://doctor-test/run", "model.size=tiny"], skip_slow=False)
+    ctx = build_context(["ckpt=remote", "ckpt.dir=memory://doctor-test/run", "model.size=test"], skip_slow=False)
     result = storage.ckpt_dir_check(ctx)
     assert result.status is Status.PASS and "remote store (memory)" in result.saw
     write = storage.ckpt_write_check(ctx)

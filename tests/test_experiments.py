@@ -61,7 +61,7 @@ def test_smoke_is_two_tiny_jobs_without_checkpoints():
     assert [j for j in jobs] == [["accel=none"], ["accel=max"]]
     cfg = _compose(["+experiment=smoke", "accel=max"])
     assert cfg.ckpt.name == "none" and cfg.data.size == "mini"
-    assert cfg.model.size in ("test", "tiny")
+    assert cfg.model.size == "test"
     assert cfg.bench.warmup_steps + cfg.bench.steps <= 10
 
 

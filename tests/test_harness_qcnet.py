@@ -1,4 +1,4 @@
-"""The harness end to end with QCNet (tiny) on the embedded Argoverse 2 set: a real
+"""The harness end to end with QCNet (size test) on the embedded Argoverse 2 set: a real
 ``python -m drivebench`` run, its summary.json and TensorBoard events, every accel preset, and the
 knobs that must not change what the model learns."""
 
@@ -17,14 +17,14 @@ from drivebench.app import build_run
 from drivebench.perf.bottleneck import VERDICTS
 from tests.conftest import REPO, run_cli
 
-TINY = ["model=qcnet", "model.size=tiny", "data.size=mini"]
+TEST_SIZE = ["model=qcnet", "model.size=test", "data.size=mini"]
 FAST = ["bench.val_batches=0", "bench.ceiling=false", "ckpt=none"]
 
 
 @pytest.fixture(scope="module")
 def full_run(drivebench_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("qcnet-full")
-    proc = run_cli([*TINY, "accel=none", "trainer.max_steps=40", "bench.warmup_steps=5", "bench.val_batches=4",
+    proc = run_cli([*TEST_SIZE, "accel=none", "trainer.max_steps=40", "bench.warmup_steps=5", "bench.val_batches=4",
                     "bench.ceiling_steps=6", "bench.ceiling_warmup_steps=2", f"hydra.run.dir={run_dir}"],
                    drivebench_cache)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -98,7 +98,7 @@ def _tags(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("preset", ["none", "cpu", "torch", "max"])
 def test_every_accel_preset_runs(preset: str, drivebench_cache: Path, tmp_path: Path):
-    proc = run_cli([*TINY, f"accel={preset}", "trainer.max_steps=3", "bench.warmup_steps=1", *FAST,
+    proc = run_cli([*TEST_SIZE, f"accel={preset}", "trainer.max_steps=3", "bench.warmup_steps=1", *FAST,
                     f"hydra.run.dir={tmp_path}"], drivebench_cache)
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
@@ -121,7 +121,7 @@ def _train(cache: Path, tmp: Path, overrides: list[str], steps: int = 6) -> list
 
     os.environ["DRIVEBENCH_CACHE"] = str(cache)
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*TINY, "ckpt=none", f"paths.output_dir={tmp}", *overrides])
+        cfg = compose(config_name="config", overrides=[*TEST_SIZE, "ckpt=none", f"paths.output_dir={tmp}", *overrides])
     run = build_run(cfg, tmp, progress=False)
     recorder = _Recorder()
     trainer = pl.Trainer(**run.trainer_kwargs(), max_steps=steps, logger=False, callbacks=[recorder],
@@ -167,7 +167,7 @@ def test_bf16_stays_within_tolerance(baseline, drivebench_cache: Path, tmp_path:
     "overrides, message",
     [
         (["model=nosuchmodel"], "Could not find 'model/nosuchmodel'"),
-        (["model.size=huge"], "model.size='huge' is not a size of model 'qcnet'; valid choices: paper, tiny"),
+        (["model.size=huge"], "model.size='huge' is not a size of model 'qcnet'; valid choices: paper, test"),
         (["accel.num_workers=-1"], "accel.num_workers=-1 is not valid"),
         (["data.root=/nonexistent/av2"], "data.root=/nonexistent/av2 does not exist"),
         (["data.size=huge"], "data.size='huge' is not valid; choose one of"),
@@ -178,7 +178,7 @@ def test_bf16_stays_within_tolerance(baseline, drivebench_cache: Path, tmp_path:
     ],
 )
 def test_bad_values_give_one_clear_line(overrides, message, drivebench_cache: Path, tmp_path: Path):
-    proc = run_cli([*TINY, *overrides, f"hydra.run.dir={tmp_path}"], drivebench_cache)
+    proc = run_cli([*TEST_SIZE, *overrides, f"hydra.run.dir={tmp_path}"], drivebench_cache)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
@@ -189,6 +189,6 @@ def test_a_root_in_the_wrong_format_is_named(drivebench_cache: Path, tmp_path: P
     wrong = tmp_path / "not-av2"
     (wrong / "train").mkdir(parents=True)
     (wrong / "train" / "readme.txt").write_text("not a scenario")
-    proc = run_cli([*TINY, f"data.root={wrong}", f"hydra.run.dir={tmp_path / 'run'}"], drivebench_cache)
+    proc = run_cli([*TEST_SIZE, f"data.root={wrong}", f"hydra.run.dir={tmp_path / 'run'}"], drivebench_cache)
     assert proc.returncode == 2
     assert "does not look like Argoverse 2 motion forecasting" in proc.stderr

@@ -9,19 +9,19 @@ from drivebench.models.common.map_metrics import (
     ChamferMapAP,
     average_precision,
     chamfer_score_matrix,
-    resample_by_length,
     tp_fp_greedy,
 )
+from drivebench.polylines import resample
 
 
 def line(x0, y0, x1, y1, n=20):
-    return resample_by_length(np.array([[x0, y0], [x1, y1]], dtype=np.float64), n)
+    return resample(np.array([[x0, y0], [x1, y1]], dtype=np.float64), n)
 
 
 def ring(cx, cy, hw, hh, n=20):
     corners = np.array([[cx - hw, cy - hh], [cx + hw, cy - hh], [cx + hw, cy + hh], [cx - hw, cy + hh],
                         [cx - hw, cy - hh]])
-    return resample_by_length(corners, n)
+    return resample(corners, n)
 
 
 # one sample: two dividers, a crossing, a boundary
@@ -36,7 +36,7 @@ def ap_of(preds, scores, labels, gt=GT, gt_labels=GT_LABELS):
 
 
 def test_resampling_is_by_arc_length():
-    pts = resample_by_length(np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 3.0]]), 5)
+    pts = resample(np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 3.0]]), 5)
     np.testing.assert_allclose(pts, [[0, 0], [1, 0], [1, 1], [1, 2], [1, 3]])
 
 
@@ -68,8 +68,8 @@ def test_prediction_offset_by_0_7_m_counts_at_1_0_and_1_5_but_not_0_5():
 
 
 def test_chamfer_score_of_a_shifted_line_is_minus_the_shift():
-    pred = resample_by_length(line(-10, -5, 10, -5), 100)[None] + np.array([0.0, 0.7])
-    gt = resample_by_length(line(-10, -5, 10, -5), 100)[None]
+    pred = resample(line(-10, -5, 10, -5), 100)[None] + np.array([0.0, 0.7])
+    gt = resample(line(-10, -5, 10, -5), 100)[None]
     assert chamfer_score_matrix(pred, gt)[0, 0] == pytest.approx(-0.7)
 
 
@@ -104,8 +104,8 @@ def test_wrong_class_and_missed_elements_lower_ap():
 
 def test_flat_capped_buffers_that_do_not_touch_give_no_match():
     # two short collinear dashes 0.9 m apart: chamfer < 1.5 m, but 2 m flat-capped buffers are disjoint
-    a = resample_by_length(line(0.0, 0.0, 0.1, 0.0), 100)[None]
-    b = resample_by_length(line(1.0, 0.0, 1.1, 0.0), 100)[None]
+    a = resample(line(0.0, 0.0, 0.1, 0.0), 100)[None]
+    b = resample(line(1.0, 0.0, 1.1, 0.0), 100)[None]
     assert chamfer_score_matrix(a, b)[0, 0] == -100.0
 
 

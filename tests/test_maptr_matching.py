@@ -12,18 +12,19 @@ from drivebench.models.common.map_matching import (
 )
 from drivebench.models.maptr.criterion import MapTRCriterion
 from drivebench.models.maptr.geometry import denormalize_points, normalize_points
-from drivebench.models.maptr.synthetic import polygon_orderings, polyline_orderings, resample_polyline
+from drivebench.models.maptr.synthetic import polygon_orderings, polyline_orderings
+from drivebench.polylines import resample
 
 PC = (-15.0, -30.0, -2.0, 15.0, 30.0, 2.0)
 
 
 def _polyline(start, end, n=20):
-    return resample_polyline(np.array([start, end], dtype=np.float64), n)
+    return resample(np.array([start, end], dtype=np.float64), n)
 
 
 def _ring(n=20):
     corners = np.array([[0.1, 0.1], [0.4, 0.1], [0.4, 0.3], [0.1, 0.3], [0.1, 0.1]])
-    ring = resample_polyline(corners, n)
+    ring = resample(corners, n)
     ring[-1] = ring[0]
     return ring
 

@@ -7,6 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
+from pyquaternion import Quaternion
 
 from drivebench.data.nuscenes import CAMERAS
 from drivebench.data.nuscenes.errors import CorruptFileError, DataFileError, MissingFileError, MissingTableError
@@ -16,7 +17,6 @@ from drivebench.data.nuscenes.infos import (
     EXTENSION_KEYS,
     build_infos,
     from_mmdet3d_v1,
-    quat_matrix,
     to_mmdet3d_v1,
 )
 
@@ -66,7 +66,7 @@ def test_poses_calibrations_and_boxes_match_the_devkit(index, nusc):
         pose = nusc.get("ego_pose", lidar_sd["ego_pose_token"])
         cs = nusc.get("calibrated_sensor", lidar_sd["calibrated_sensor_token"])
         np.testing.assert_allclose(np.array(r["ego2global"])[:3, 3], pose["translation"], atol=1e-9)
-        np.testing.assert_allclose(np.array(r["ego2global"])[:3, :3], quat_matrix(pose["rotation"]), atol=1e-9)
+        np.testing.assert_allclose(np.array(r["ego2global"])[:3, :3], Quaternion(pose["rotation"]).rotation_matrix, atol=1e-9)
         np.testing.assert_allclose(np.array(r["lidar_points"]["lidar2ego"])[:3, 3], cs["translation"], atol=1e-9)
         assert r["lidar_points"]["lidar_path"] == lidar_sd["filename"]
         _, boxes, _ = nusc.get_sample_data(lidar_sd["token"])
@@ -122,7 +122,7 @@ def test_can_bus_and_ego_targets_follow_upstream_layout(index, nusc, root):
             sd = nusc.get("sample_data", cur["data"]["LIDAR_TOP"])
             p = nusc.get("ego_pose", sd["ego_pose_token"])
             c = nusc.get("calibrated_sensor", sd["calibrated_sensor_token"])
-            lidar_g = quat_matrix(p["rotation"]) @ c["translation"] + p["translation"]
+            lidar_g = Quaternion(p["rotation"]).rotation_matrix @ c["translation"] + p["translation"]
             pos = pos + steps[i]
             np.testing.assert_allclose(pos, (g2l[:3, :3] @ lidar_g + g2l[:3, 3])[:2], atol=1e-6)
         assert sum(r["gt_ego_fut_cmd"]) == 1

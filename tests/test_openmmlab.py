@@ -1,5 +1,5 @@
 """The OpenMMLab bridge with the real stack (mmcv 2.1.0 with CPU ops, mmdet 3.3.0, mmdet3d 1.4.0):
-a tiny PointPillars (mmdet3d's nuScenes config) trained under drivebench and under mmengine's runner
+a test-size PointPillars (mmdet3d's nuScenes config) trained under drivebench and under mmengine's runner
 on the embedded nuScenes set, the report putting both side by side, the doctor listing the ops, and
 the errors a user meets. The session installs the stack if it is missing (tests/openmmlab_setup.py).
 The installer's pure parts (C++ standard patch, cache layout, the extra) are tested without it."""
@@ -15,7 +15,7 @@ from drivebench.errors import ConfigError
 from tests.conftest import REPO, run_cli
 
 CONFIG = "pointpillars_hv_fpn_sbn-all_8xb4-2x_nus-3d"
-TINY = ["model=mmdet3d", f"model.config={CONFIG}", "model.size=tiny", "data.size=mini"]
+TEST_SIZE = ["model=mmdet3d", f"model.config={CONFIG}", "model.size=test", "data.size=mini"]
 
 
 # ---- the installer's pure parts (no OpenMMLab needed) -----------------------------------------------
@@ -107,21 +107,21 @@ def test_config_names_resolve_and_unknown_names_list_close_matches():
 
 @pytest.mark.openmmlab
 @pytest.mark.usefixtures("openmmlab_stack")
-def test_tiny_preset_keeps_pointpillars_consistent_and_user_options_win():
+def test_test_preset_keeps_pointpillars_consistent_and_user_options_win():
     from drivebench.openmmlab.configs import load_config
     from drivebench.openmmlab.module import build_net
 
     full = load_config(CONFIG, "config")
-    tiny = load_config(CONFIG, "tiny", {"model.pts_bbox_head.feat_channels": 32})
+    small = load_config(CONFIG, "test", {"model.pts_bbox_head.feat_channels": 32})
     assert full.model.pts_middle_encoder.output_shape == [400, 400]
-    assert tiny.model.pts_middle_encoder.output_shape == [100, 100]
-    assert tiny.model.data_preprocessor.voxel_layer.voxel_size == tiny.model.pts_voxel_encoder.voxel_size == [1.0, 1.0, 8]
-    assert tiny.model.pts_neck.in_channels == tiny.model.pts_backbone.out_channels == [16, 32, 64]
-    assert tiny.model.pts_bbox_head.feat_channels == 32  # cfg_options after the preset
-    assert tiny.param_scheduler[0].end == 10 and full.param_scheduler[0].end == 1000
+    assert small.model.pts_middle_encoder.output_shape == [100, 100]
+    assert small.model.data_preprocessor.voxel_layer.voxel_size == small.model.pts_voxel_encoder.voxel_size == [1.0, 1.0, 8]
+    assert small.model.pts_neck.in_channels == small.model.pts_backbone.out_channels == [16, 32, 64]
+    assert small.model.pts_bbox_head.feat_channels == 32  # cfg_options after the preset
+    assert small.param_scheduler[0].end == 10 and full.param_scheduler[0].end == 1000
     n_full = sum(p.numel() for p in build_net(CONFIG, "config").parameters())
-    n_tiny = sum(p.numel() for p in build_net(CONFIG, "tiny").parameters())
-    assert n_tiny < n_full / 10, (n_tiny, n_full)
+    n_small = sum(p.numel() for p in build_net(CONFIG, "test").parameters())
+    assert n_small < n_full / 10, (n_small, n_full)
 
 
 def test_half_arguments_reach_float32_only_code_as_float32():
@@ -151,7 +151,7 @@ def test_pointpillars_trains_under_bf16_autocast(drivebench_cache: Path, tmp_pat
 
     register_mmdet3d()
     assert focal._sigmoid_focal_loss._drivebench_float32_for and norm.NaiveSyncBatchNorm2d.forward._drivebench_float32_for
-    proc = run_cli([*TINY, "accel=none", "accel.precision=bf16-mixed", "bench.steps=3", "bench.warmup_steps=1",
+    proc = run_cli([*TEST_SIZE, "accel=none", "accel.precision=bf16-mixed", "bench.steps=3", "bench.warmup_steps=1",
                     "bench.ceiling=false", "bench.val_batches=0", "ckpt=none", f"hydra.run.dir={tmp_path}"],
                    drivebench_cache)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -164,11 +164,11 @@ def test_pointpillars_trains_under_bf16_autocast(drivebench_cache: Path, tmp_pat
 def test_compile_scope_picks_what_accel_compile_compiles():
     from drivebench.openmmlab.module import build_net
 
-    assert build_net(CONFIG, "tiny").compile_units() == {}  # default: slower compiled on the H200
-    assert set(build_net(CONFIG, "tiny", compile_scope="dense").compile_units()) == {
+    assert build_net(CONFIG, "test").compile_units() == {}  # default: slower compiled on the H200
+    assert set(build_net(CONFIG, "test", compile_scope="dense").compile_units()) == {
         "pts_backbone", "pts_neck", "pts_bbox_head"}
     with pytest.raises(ConfigError, match="compile_scope='all' is not valid; choose one of: none, dense"):
-        build_net(CONFIG, "tiny", compile_scope="all")
+        build_net(CONFIG, "test", compile_scope="all")
 
 
 @pytest.mark.openmmlab
@@ -211,7 +211,7 @@ def test_voxelizer_sorted_swaps_the_preprocessors_layer_and_keeps_its_output():
     from drivebench.openmmlab.module import build_net
     from drivebench.openmmlab.voxelize import SortedVoxelization
 
-    mmcv_net, sorted_net = build_net(CONFIG, "tiny"), build_net(CONFIG, "tiny", voxelizer="sorted")
+    mmcv_net, sorted_net = build_net(CONFIG, "test"), build_net(CONFIG, "test", voxelizer="sorted")
     assert isinstance(sorted_net.model.data_preprocessor.voxel_layer, SortedVoxelization)
     generator = torch.Generator().manual_seed(1)
     points = [torch.rand(3000, 5, generator=generator) * 40 - 20 for _ in range(2)]
@@ -221,7 +221,7 @@ def test_voxelizer_sorted_swaps_the_preprocessors_layer_and_keeps_its_output():
     b = sorted_net.preprocess(batch(), True)["inputs"]["voxels"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(ConfigError, match="voxelizer='fast' is not valid; choose one of: mmcv, sorted"):
-        build_net(CONFIG, "tiny", voxelizer="fast")
+        build_net(CONFIG, "test", voxelizer="fast")
 
 
 @pytest.mark.openmmlab
@@ -235,7 +235,7 @@ def test_preprocessor_casts_to_the_device_the_module_is_on():
 
     from drivebench.openmmlab.module import build_net
 
-    net = build_net(CONFIG, "tiny")
+    net = build_net(CONFIG, "test")
     net.model.data_preprocessor._device = torch.device("meta")  # a stale record
     nn.ModuleDict({"net": net}).to(torch.device("cpu"))  # a parent's move, as Lightning's: never net.to
     batch = {"inputs": {"points": [torch.rand(200, 5) * 20]}, "data_samples": [Det3DDataSample()]}
@@ -253,24 +253,24 @@ def test_cli_errors_are_one_line(drivebench_cache: Path, tmp_path: Path):
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("drivebench: error: model.config='pointpilars_nus' is not an mmdet3d config")
     assert "close matches: pointpillars" in line
-    proc = run_cli(["model=mmdet3d", "model.size=tiny", "model.config=pointpillars_hv_secfpn_8xb6-160e_kitti-3d-car",
+    proc = run_cli(["model=mmdet3d", "model.size=test", "model.config=pointpillars_hv_secfpn_8xb6-160e_kitti-3d-car",
                     f"hydra.run.dir={tmp_path / 'b'}"], drivebench_cache)
     line = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and "KittiDataset" in line and "data.dataset=config" in line, proc.stderr[-2000:]
-    proc = run_cli(["model=mmdet3d", "model.size=tiny", "model.config=second_hv_secfpn_8xb6-80e_kitti-3d-car",
+    proc = run_cli(["model=mmdet3d", "model.size=test", "model.config=second_hv_secfpn_8xb6-80e_kitti-3d-car",
                     f"hydra.run.dir={tmp_path / 'c'}"], drivebench_cache)
     line = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and "SparseEncoder" in line and "model.size=config" in line, proc.stderr[-2000:]
-    proc = run_cli([*TINY, "bench=mmengine", "dist=ddp", f"hydra.run.dir={tmp_path / 'd'}"], drivebench_cache)
+    proc = run_cli([*TEST_SIZE, "bench=mmengine", "dist=ddp", f"hydra.run.dir={tmp_path / 'd'}"], drivebench_cache)
     assert proc.returncode == 2 and "dist=single" in proc.stderr, proc.stderr[-2000:]
 
 
 # ---- training under drivebench and under mmengine ------------------------------------------------------
 @pytest.fixture(scope="module")
 def runs(drivebench_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One drivebench run and one mmengine run of the same tiny config, data and batch size."""
+    """One drivebench run and one mmengine run of the same test-size config, data and batch size."""
     root = tmp_path_factory.mktemp("openmmlab-runs")
-    common = [*TINY, "accel=none", "bench.warmup_steps=2", "bench.steps=30"]
+    common = [*TEST_SIZE, "accel=none", "bench.warmup_steps=2", "bench.steps=30"]
     for name, extra in (("drivebench", ["bench.val_batches=2", "bench.ceiling_steps=3", "bench.ceiling_warmup_steps=1"]),
                         ("mmengine", ["bench=mmengine"])):
         proc = run_cli([*common, *extra, f"hydra.run.dir={root / name}"], drivebench_cache)
@@ -281,7 +281,7 @@ def runs(drivebench_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 @pytest.mark.openmmlab
 @pytest.mark.usefixtures("openmmlab_stack")
-def test_tiny_pointpillars_trains_under_drivebench(runs: Path):
+def test_test_size_pointpillars_trains_under_drivebench(runs: Path):
     s = json.loads((runs / "drivebench" / "summary.json").read_text())
     assert s["run"]["status"] == "completed" and s["run"]["model"] == "mmdet3d" and s["run"]["bench"] == "train"
     assert s["data"]["name"] == "mmdet3d" and s["data"]["dataset_type"] == "NuScenesDataset"
@@ -292,7 +292,7 @@ def test_tiny_pointpillars_trains_under_drivebench(runs: Path):
     assert s["loss"]["final"] < 0.9 * s["loss"]["first"] and s["loss"]["nonfinite_steps"] == 0, s["loss"]
     assert s["ceiling"]["steps_measured"] == 3 and s["efficiency"] > 0
     assert s["val"]["loss"] > 0 and "loss_cls" in s["val"]
-    assert 1e4 < s["settings"]["parameters"] < 5e5  # the tiny size
+    assert 1e4 < s["settings"]["parameters"] < 5e5  # the test size
     assert (runs / "drivebench" / "checkpoints").is_dir() and any((runs / "drivebench" / "checkpoints").iterdir())
 
 
@@ -343,7 +343,7 @@ def test_report_puts_both_runners_side_by_side(runs: Path):
 @pytest.mark.usefixtures("openmmlab_stack")
 def test_two_rank_ddp_on_cpu(drivebench_cache: Path, tmp_path: Path):
     """dist=ddp (gloo): drivebench's samplers split the mmdet3d dataset; naiveSyncBN all-reduces."""
-    proc = run_cli([*TINY, "accel=none", "dist=ddp", "dist.devices=2", "bench.warmup_steps=1", "bench.steps=4",
+    proc = run_cli([*TEST_SIZE, "accel=none", "dist=ddp", "dist.devices=2", "bench.warmup_steps=1", "bench.steps=4",
                     "bench.val_batches=0", "bench.ceiling=false", "ckpt=none", f"hydra.run.dir={tmp_path}"],
                    drivebench_cache)
     assert proc.returncode == 0, proc.stderr[-3000:]

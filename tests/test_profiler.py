@@ -90,7 +90,7 @@ def test_profile_key_rejects(value):
 
 
 def test_cli_run_with_bench_profile_writes_a_trace_and_a_verdict(drivebench_cache: Path, tmp_path: Path):
-    proc = run_cli(["model=qcnet", "model.size=tiny", "data.size=mini", "bench.profile=2", "bench.warmup_steps=2",
+    proc = run_cli(["model=qcnet", "model.size=test", "data.size=mini", "bench.profile=2", "bench.warmup_steps=2",
                     "trainer.max_steps=8", "bench.val_batches=0", "bench.ceiling=false", "ckpt=none",
                     f"hydra.run.dir={tmp_path}"], drivebench_cache)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -76,7 +76,7 @@ def _reference_graphs(scenario: dict, s) -> dict[str, set]:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_graph_matches_brute_force_reference(seed):
     # small radii relative to the scene so that every radius actually cuts
-    transform = make_transform("tiny", pl2pl_radius=40.0, pl2a_radius=20.0, a2a_radius=25.0, pl2m_radius=30.0,
+    transform = make_transform("test", pl2pl_radius=40.0, pl2a_radius=20.0, a2a_radius=25.0, pl2m_radius=30.0,
                                a2m_radius=30.0)
     scenario = random_scenario(num_agents=7, num_polygons=30, seed=seed, extent=60.0)
     out = transform(scenario)
@@ -114,7 +114,7 @@ def test_agent_frame_targets_rotate_into_the_heading_frame():
 
 
 def test_collate_offsets_every_edge_list_into_its_node_spaces():
-    transform = make_transform("tiny")
+    transform = make_transform("test")
     samples = [transform(random_scenario(num_agents=4 + i, num_polygons=10 + 3 * i, seed=i, extent=50.0))
                for i in range(3)]
     batch = collate_qcnet(samples)

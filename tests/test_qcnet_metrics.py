@@ -147,12 +147,12 @@ def _focal_straight_scenario(seed: int) -> dict:
 
 def _module(**kwargs) -> QCNetModule:
     torch.manual_seed(0)
-    return QCNetModule(create_model("qcnet", "tiny"), optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+    return QCNetModule(create_model("qcnet", "test"), optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
                        **kwargs)
 
 
 def test_module_reports_model_and_constant_velocity_metrics_for_focal_agents():
-    transform = make_transform("tiny")
+    transform = make_transform("test")
     batch = collate_qcnet([transform(_focal_straight_scenario(seed)) for seed in range(3)])
     module = _module()
     with torch.no_grad():
@@ -192,7 +192,7 @@ def test_module_trains_and_validates_in_lightning():
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader
 
-    transform = make_transform("tiny")
+    transform = make_transform("test")
     scenes = [transform(_focal_straight_scenario(seed)) for seed in range(4)]
     loader = DataLoader(scenes, batch_size=2, collate_fn=collate_qcnet)
     trainer = pl.Trainer(accelerator="cpu", max_steps=2, limit_val_batches=1, logger=False, enable_checkpointing=False,

@@ -28,12 +28,12 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def tiny_batch():
-    return random_batch(make_transform("tiny"), num_scenes=4, **SMALL_SCENE)
+    return random_batch(make_transform("test"), num_scenes=4, **SMALL_SCENE)
 
 
 def _tiny(**overrides):
     torch.manual_seed(0)
-    return create_model("qcnet", "tiny", **overrides)
+    return create_model("qcnet", "test", **overrides)
 
 
 def test_paper_size_has_upstreams_parameter_count():
@@ -69,7 +69,7 @@ def test_tiny_forward_backward_shapes_finite_and_every_parameter_gets_a_gradient
 
 
 def test_tiny_model_overfits_a_fixed_batch():
-    batch = random_batch(make_transform("tiny"), num_scenes=2, seed=3, num_agents=4, num_polygons=10, extent=50.0)
+    batch = random_batch(make_transform("test"), num_scenes=2, seed=3, num_agents=4, num_polygons=10, extent=50.0)
     net = _tiny(dropout=0.0)
     criterion = QCNetLoss()
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3)
@@ -136,7 +136,7 @@ def test_inductor_hot_layers_match_eager():
 def test_tiny_model_on_the_real_argoverse2_scenario():
     from drivebench.data.argoverse2.scenario import load_scenario_dir
 
-    transform = make_transform("tiny")
+    transform = make_transform("test")
     batch = collate_qcnet([transform(load_scenario_dir(next(FIXTURE.iterdir())))])
     with torch.no_grad():
         losses = QCNetLoss()(_tiny()(batch), batch)
@@ -146,8 +146,8 @@ def test_tiny_model_on_the_real_argoverse2_scenario():
 def test_compile_scope_selects_the_units_accel_compiles():
     from drivebench.models.qcnet.layers import AttentionLayer, FourierEmbedding
 
-    assert create_model("qcnet", "tiny").compile_units() == {}
-    units = create_model("qcnet", "tiny", compile_scope="layers").compile_units()
+    assert create_model("qcnet", "test").compile_units() == {}
+    units = create_model("qcnet", "test", compile_scope="layers").compile_units()
     assert len(units) > 10 and all(isinstance(m, (AttentionLayer, FourierEmbedding)) for m in units.values())
     with pytest.raises(ValueError, match="compile_scope='all' is not valid"):
-        create_model("qcnet", "tiny", compile_scope="all")
+        create_model("qcnet", "test", compile_scope="all")

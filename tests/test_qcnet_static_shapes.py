@@ -26,7 +26,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def batch():
-    return random_batch(make_transform("tiny"), num_scenes=3, **SMALL_SCENE)
+    return random_batch(make_transform("test"), num_scenes=3, **SMALL_SCENE)
 
 
 def _loss_and_grads(net, criterion, batch):
@@ -42,7 +42,7 @@ def _loss_and_grads(net, criterion, batch):
 
 def test_padded_batch_gives_the_same_loss_gradients_and_real_outputs(batch):
     torch.manual_seed(0)
-    net = create_model("qcnet", "tiny", dropout=0.0)  # dropout would draw other masks over padded tensors
+    net = create_model("qcnet", "test", dropout=0.0)  # dropout would draw other masks over padded tensors
     criterion = QCNetLoss()
     counts = batch_counts(batch)
     capacity = ShapeBuckets(growth=1.5).choose(counts)
@@ -125,12 +125,12 @@ def test_graphed_loss_replays_the_eager_loss_and_gradients(monkeypatch):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     torch.manual_seed(0)
     device = torch.device("cuda")
-    net = create_model("qcnet", "tiny", dropout=0.0).to(device)
+    net = create_model("qcnet", "test", dropout=0.0).to(device)
     criterion = QCNetLoss()
     padder = StaticShapePadder(50, 6, ShapeBuckets(growth=1.5))
     graphed = GraphedLoss(net, lambda b: criterion(net(b), b))
     for seed in range(3):
-        host = random_batch(make_transform("tiny"), num_scenes=3, seed=seed, **SMALL_SCENE)
+        host = random_batch(make_transform("test"), num_scenes=3, seed=seed, **SMALL_SCENE)
         batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in host.items()}
         ref_losses, _, ref_grads = _loss_and_grads(net, criterion, batch)
         net.zero_grad(set_to_none=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from drivebench.bench.storage import StorageBench, _split_dirs
@@ -21,7 +20,7 @@ def test_two_dirs_measured_fastest_named_unwritable_reported(tmp_path, cache):
     blocker.write_text("x")
     run_dir = tmp_path / "run"
     # no -m and no quotes: the CLI itself reads the comma list as candidates, not as a sweep
-    proc = run_cli(["bench=storage", "model=qcnet", "model.size=tiny", "data.size=mini", "bench.repeats=2",
+    proc = run_cli(["bench=storage", "model=qcnet", "model.size=test", "data.size=mini", "bench.repeats=2",
                     f"ckpt.dir={a},{b},{blocker}/ckpt", f"hydra.run.dir={run_dir}"], cache, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     storage = summary(run_dir)["storage"]
@@ -41,12 +40,12 @@ def test_two_dirs_measured_fastest_named_unwritable_reported(tmp_path, cache):
 
 def test_remote_and_unknown_candidates(tmp_path):
     bench = StorageBench(repeats=2)
-    payload = np.zeros(2**16, dtype=np.uint8).tobytes()
-    memory = bench._measure("memory://storage-bench/x", payload, {})
+    size = 2**16
+    memory = bench._measure("memory://storage-bench/x", size, {})
     assert memory["filesystem"]["kind"] == "fsspec:memory" and memory["write_mb_per_s"]["n"] == 2
-    unknown = bench._measure("nosuchprotocol://bucket/x", payload, {})
+    unknown = bench._measure("nosuchprotocol://bucket/x", size, {})
     assert "no filesystem for protocol 'nosuchprotocol'" in unknown["error"]
-    hidden = bench._measure("nosuchprotocol://user:hunter22@host/x", payload, {})
+    hidden = bench._measure("nosuchprotocol://user:hunter22@host/x", size, {})
     assert "hunter22" not in str(hidden) and "***@host" in hidden["dir"]
 
 

@@ -35,9 +35,10 @@ from drivebench.data.transforms import (
 )
 from drivebench.data.transforms import device
 from drivebench.data.transforms.image import NormalizeMultiView
-from drivebench.data.transforms.map_gt import orderings_maptr_v2, orderings_permute, resample
+from drivebench.data.transforms.map_gt import orderings_maptr_v2, orderings_permute
 from drivebench.data.transforms.photometric import apply_photometric, sample_photometric_params
 from drivebench.data.sampling import SampleKey
+from drivebench.polylines import resample
 
 CONTRACT = Path(__file__).resolve().parents[1] / "docs" / "batch-contract.md"
 SMALL_SD = {"final_dim": (48, 128), "resize_lim": (0.75, 0.85)}  # SparseDrive's aug scaled to 160x90 images

@@ -1,20 +1,18 @@
 """``bench=storage``: which checkpoint location is faster? Write and read a checkpoint-sized file
 in each candidate directory (local paths or fsspec URLs) several times, with fsync, and compare.
+The write is the doctor's probe (:mod:`drivebench.ckpt.write_probe`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
-import time
-import uuid
 from typing import Any
 
-import numpy as np
 from omegaconf import OmegaConf
 
 from drivebench.app import Run
 from drivebench.ckpt.store import CheckpointStore
+from drivebench.ckpt.write_probe import probe_name, remove, timed_read, timed_write
 from drivebench.errors import ConfigError
 from drivebench.perf.stats import describe
 from drivebench.perf.bottleneck import diagnose
@@ -52,10 +50,9 @@ class StorageBench:
             size = max(3 * params, 2**20)
         else:
             size = int(float(self.size_mb) * 2**20)
-        payload = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes()
         options = run.cfg.ckpt.get("storage_options") or {}
         options = OmegaConf.to_container(options, resolve=True) if OmegaConf.is_config(options) else dict(options)
-        results = [self._measure(d, payload, options) for d in dirs]
+        results = [self._measure(d, size, options) for d in dirs]
         ok = [r for r in results if r.get("write_mb_per_s")]
         best = max(ok, key=lambda r: r["write_mb_per_s"]["median"]) if ok else None
         summary = {
@@ -72,26 +69,26 @@ class StorageBench:
         print(self.render(summary["storage"]), flush=True)
         return summary
 
-    def _measure(self, directory: str, payload: bytes, options: dict[str, Any]) -> dict[str, Any]:
+    def _measure(self, directory: str, size: int, options: dict[str, Any]) -> dict[str, Any]:
         """One candidate's row: timings, or ``error`` (a candidate that fails is reported, not fatal)."""
         shown = redact_url(directory)
         try:
             store = CheckpointStore(directory, options)
-            store.prepare(len(payload))
+            store.prepare(size)
         except ConfigError as err:
             return {"dir": shown, "error": str(err)}
         writes, reads = [], []
         for _ in range(self.repeats):
-            name = f".drivebench-storage-probe-{uuid.uuid4().hex}"
+            name = probe_name("storage")
             try:
-                writes.append(self._write(store, name, payload))
-                reads.append(self._read(store, name, len(payload)))
+                writes.append(timed_write(store, name, size).seconds)
+                reads.append(timed_read(store, name))
             except Exception as err:  # OSError locally; fsspec backends raise many kinds
                 return {"dir": shown, "error": store._clean(f"{type(err).__name__}: {err}"),
                         "filesystem": store.describe()}
             finally:
-                self._delete(store, name)
-        mb = len(payload) / 2**20
+                remove(store, name)
+        mb = size / 2**20
         return {
             "dir": shown,
             "filesystem": store.describe(),
@@ -100,40 +97,6 @@ class StorageBench:
             "write_mb_per_s": describe(mb / w for w in writes),
             "read_mb_per_s": describe(mb / r for r in reads),
         }
-
-    @staticmethod
-    def _write(store: CheckpointStore, name: str, payload: bytes) -> float:
-        t0 = time.perf_counter()
-        if store.local:
-            path = store.path / name
-            with open(path, "wb") as fh:
-                fh.write(payload)
-                fh.flush()
-                os.fsync(fh.fileno())
-        else:
-            store._fs.pipe(f"{store._root.rstrip('/')}/{name}", payload)
-        return time.perf_counter() - t0
-
-    @staticmethod
-    def _read(store: CheckpointStore, name: str, size: int) -> float:
-        t0 = time.perf_counter()
-        if store.local:
-            with open(store.path / name, "rb") as fh:
-                while fh.read(64 * 2**20):
-                    pass
-        else:
-            store._fs.cat_file(f"{store._root.rstrip('/')}/{name}")
-        return time.perf_counter() - t0
-
-    @staticmethod
-    def _delete(store: CheckpointStore, name: str) -> None:
-        try:
-            if store.local:
-                (store.path / name).unlink(missing_ok=True)
-            else:
-                store._fs.rm(f"{store._root.rstrip('/')}/{name}")
-        except Exception:  # best effort: a probe left behind is a hidden dot-file
-            pass
 
     @staticmethod
     def render(storage: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ import yaml
 
 from drivebench.ckpt.store import CheckpointStore, step_of
 from drivebench.errors import ConfigError
+from drivebench.models.registry import get_spec
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +34,19 @@ def _same_workload(run_dir: Path, cfg: Any) -> bool:
     except (OSError, yaml.YAMLError):
         return False
     try:
-        return (data["model"]["name"], data["model"]["size"], data["data"]["name"]) == (
-            cfg.model.name, cfg.model.size, cfg.data.name)
+        name, size = data["model"]["name"], data["model"]["size"]
+        return (name, _current_size(name, size), data["data"]["name"]) == (cfg.model.name, cfg.model.size,
+                                                                           cfg.data.name)
     except (KeyError, TypeError):
         return False
+
+
+def _current_size(model: str, size: Any) -> Any:
+    """A size name as runs write it now: an earlier run may have used a deprecated name (QCNet ``tiny``)."""
+    try:
+        return get_spec(model).deprecated_sizes.get(size, size)
+    except (ValueError, TypeError):  # a model this version does not know: compare as written
+        return size
 
 
 def _is_remote(path: str) -> bool:

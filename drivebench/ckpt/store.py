@@ -292,14 +292,13 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-_NETWORK_FS = ("nfs", "nfs4", "cifs", "smb", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "9p")
-
-
 def _kind(fstype: str | None) -> str:
+    from drivebench.perf.machine import is_network_fs
+
     if not fstype:
         return "unknown"
     if fstype in ("tmpfs", "ramfs"):
         return "tmpfs (memory)"
-    if fstype in _NETWORK_FS or fstype.startswith("fuse"):
+    if is_network_fs(fstype):
         return "network or FUSE mount"
     return "local disk"

@@ -7,7 +7,7 @@ measured verdict with :func:`cached_p2p_verdict`. Importing this package stays l
 no Lightning): the child probes it starts import it too.
 """
 
-from drivebench.doctor.p2p import cached_p2p_verdict
+from drivebench.hardware.p2p import cached_p2p_verdict
 from drivebench.doctor.result import CheckResult, Status
 
 __all__ = ["CheckResult", "Status", "cached_p2p_verdict"]

@@ -4,7 +4,7 @@ The field report's worst day: DDP hanging in its first all-reduce because NCCL's
 between two cards was broken, fixed by ``NCCL_P2P_DISABLE=1``. Every pair is tested in a child
 process with a deadline (a hang becomes a FAIL line, not a hung doctor): the access the driver
 reports, a verified device-to-device copy, and a timed NCCL all-reduce with P2P on and off. The
-verdict is cached for ``dist.p2p=auto`` (see :mod:`drivebench.doctor.p2p`).
+verdict is cached for ``dist.p2p=auto`` (see :mod:`drivebench.hardware.p2p`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ import itertools
 import socket
 from typing import Any
 
-from drivebench.doctor import nvml
 from drivebench.doctor.context import DoctorContext
-from drivebench.doctor.p2p import (
+from drivebench.doctor.probe import ProbeRun, error_text, probe_env, run_probe, try_import
+from drivebench.doctor.result import Check, CheckResult, failed, informed, passed, warned
+from drivebench.hardware import nvml
+from drivebench.hardware.p2p import (
     PairMeasure,
     cache_path,
     cached_verdict_for,
@@ -23,8 +25,6 @@ from drivebench.doctor.p2p import (
     recommend_p2p,
     write_verdict,
 )
-from drivebench.doctor.probe import ProbeRun, error_text, probe_env, run_probe, try_import
-from drivebench.doctor.result import Check, CheckResult, failed, informed, passed, warned
 
 BUFFER_MIB = 64
 COPY_STARTUP_S, COPY_PAIR_S = 120.0, 30.0
@@ -214,13 +214,8 @@ def _pair_measure(pair: tuple[int, int], on: dict[str, Any], off: dict[str, Any]
     return PairMeasure(pair[0], pair[1], level, on_ok, on_bw, on_err, off_ok, off_bw, off_err)
 
 
-def _pair_levels(torch: Any, pairs: list[tuple[int, int]]) -> dict[tuple[int, int], dict[str, Any] | None]:
-    uuids = {}
-    for i in {i for pair in pairs for i in pair}:
-        try:
-            uuids[i] = str(torch.cuda.get_device_properties(i).uuid)
-        except Exception:
-            uuids[i] = None
+def _pair_levels(pairs: list[tuple[int, int]]) -> dict[tuple[int, int], dict[str, Any] | None]:
+    uuids = {i: nvml.cuda_device_uuid(i) for i in {i for pair in pairs for i in pair}}
     return {(a, b): (nvml.pair_link(uuids[a], uuids[b]) if uuids[a] and uuids[b] else None) for a, b in pairs}
 
 
@@ -233,7 +228,7 @@ def nccl_allreduce(ctx: DoctorContext) -> CheckResult:
         return failed("torch was built without NCCL: multi-GPU DDP cannot use the GPUs' links",
                       "install an official CUDA wheel of torch (it bundles NCCL)")
     pairs = _pairs(count)
-    links = _pair_levels(torch, pairs)
+    links = _pair_levels(pairs)
     on = _measure_allreduce(count, pairs, p2p=True)
     off = _measure_allreduce(count, pairs, p2p=False)
     missing = {"error": "not measured", "skipped": True}

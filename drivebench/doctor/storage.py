@@ -11,17 +11,20 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from drivebench.ckpt.write_probe import WriteStats, write_probe
 from drivebench.doctor.context import CkptTarget, DoctorContext
 from drivebench.doctor.probe import error_text, gib
 from drivebench.doctor.result import Check, CheckResult, failed, informed, passed, warned
 from drivebench.errors import ConfigError
-from drivebench.perf.machine import filesystem_of
+from drivebench.perf.machine import filesystem_of, is_network_fs
 
-NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "cephfs", "glusterfs",
-              "panfs", "wekafs", "afs", "9p", "virtiofs", "ocfs2", "davfs", "sshfs"}
+if TYPE_CHECKING:
+    from drivebench.ckpt.store import CheckpointStore
+
 VOLATILE_FS = {"tmpfs", "ramfs", "overlay"}
 CHUNK = 8 * 2**20
 SLOW_RATIO = 0.5          # a network mount below half the local disk's bandwidth is "much slower"
@@ -30,42 +33,11 @@ READ_SAMPLE_BYTES = 512 * 2**20
 FILES_LISTED = 5000
 
 
-def is_network_fs(fstype: str | None) -> bool:
-    return bool(fstype) and (fstype in NETWORK_FS or fstype.startswith("fuse"))  # type: ignore[union-attr]
+def _store(location: str | Path, storage_options: dict | None = None) -> CheckpointStore:
+    """The run's own view of a location, local or fsspec (imported when used: it needs torch)."""
+    from drivebench.ckpt.store import CheckpointStore
 
-
-@dataclass
-class WriteStats:
-    nbytes: int
-    seconds: float           # open to close, fsync included: how long a synchronous save blocks
-    fsync_s: float
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.nbytes / self.seconds / 1e6 if self.seconds > 0 else float("inf")
-
-
-def _probe_name() -> str:
-    return f".drivebench-doctor-{os.getpid()}-{time.monotonic_ns()}.tmp"
-
-
-def write_probe(directory: Path, nbytes: int) -> WriteStats:
-    """Write ``nbytes`` (incompressible) into ``directory`` with fsync, time it, delete the file."""
-    path = Path(directory) / _probe_name()
-    chunk = os.urandom(min(CHUNK, max(nbytes, 1)))
-    started = time.perf_counter()
-    try:
-        with open(path, "wb") as handle:
-            left = nbytes
-            while left > 0:
-                left -= handle.write(chunk[: min(left, len(chunk))])
-            handle.flush()
-            synced = time.perf_counter()
-            os.fsync(handle.fileno())
-            fsync_s = time.perf_counter() - synced
-        return WriteStats(nbytes, time.perf_counter() - started, fsync_s)
-    finally:
-        path.unlink(missing_ok=True)
+    return CheckpointStore(str(location), storage_options)
 
 
 def local_write(ctx: DoctorContext, nbytes: int) -> WriteStats | None:
@@ -73,7 +45,7 @@ def local_write(ctx: DoctorContext, nbytes: int) -> WriteStats | None:
     key = ("local_write", nbytes)
     if key not in ctx.memo:
         try:
-            ctx.memo[key] = write_probe(Path(tempfile.gettempdir()), nbytes)
+            ctx.memo[key] = write_probe(_store(tempfile.gettempdir()), nbytes)
         except OSError:
             ctx.memo[key] = None
     return ctx.memo[key]
@@ -98,7 +70,7 @@ def ckpt_dir_check(ctx: DoctorContext) -> CheckResult:
               f"the permissions of {directory}")
     try:
         ctx.made.make(directory)
-        write_probe(directory, 4096)
+        write_probe(_store(directory), 4096)
     except OSError as err:
         return failed(f"ckpt.dir={directory} cannot be created or written: {error_text(err)}", remedy,
                       {"dir": str(directory)})
@@ -131,11 +103,9 @@ def ckpt_dir_check(ctx: DoctorContext) -> CheckResult:
 
 def _remote_ckpt_dir(target: CkptTarget) -> CheckResult:
     """A checkpoint URL: the run's own preflight (create, write and delete a probe object)."""
-    from drivebench.ckpt.store import CheckpointStore
-
     data = {"dir": target.location, "remote": True}
     try:
-        store = CheckpointStore(target.location, target.storage_options)
+        store = _store(target.location, target.storage_options)
         store.prepare()
     except ConfigError as err:
         return failed(str(err), "check the URL, its fsspec backend (s3fs, gcsfs, ...) and ckpt.storage_options", data)
@@ -146,24 +116,6 @@ def _remote_ckpt_dir(target: CkptTarget) -> CheckResult:
                   "storage.ckpt_write", data)
 
 
-def _remote_write(target: CkptTarget, nbytes: int) -> WriteStats:
-    """One object of ``nbytes`` sent to the checkpoint URL (as the run sends a checkpoint), then removed."""
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(target.location, **target.storage_options)
-    name = f"{str(root).rstrip('/')}/{_probe_name()}"
-    payload = os.urandom(nbytes)
-    started = time.perf_counter()
-    try:
-        fs.pipe(name, payload)
-        return WriteStats(nbytes, time.perf_counter() - started, 0.0)
-    finally:
-        try:
-            fs.rm(name)
-        except Exception:  # already gone, or the backend cannot delete: nothing else to do
-            pass
-
-
 def ckpt_write_check(ctx: DoctorContext) -> CheckResult:
     """Write + fsync of one checkpoint-sized file in ckpt.dir: latency and bandwidth, against local disk."""
     target, error = ctx.ckpt_target()
@@ -172,11 +124,12 @@ def ckpt_write_check(ctx: DoctorContext) -> CheckResult:
     size, how = ctx.checkpoint_bytes()
     try:
         if target.remote:
-            stats, fs = _remote_write(target, size), {"fstype": "remote", "mount": target.location, "free_gb": None}
+            stats = write_probe(_store(target.location, target.storage_options), size)  # as a run sends one
+            fs = {"fstype": "remote", "mount": target.location, "free_gb": None}
         else:
             assert target.path is not None
             ctx.made.make(target.path)
-            stats, fs = write_probe(target.path, size), filesystem_of(target.path)
+            stats, fs = write_probe(_store(target.path), size), filesystem_of(target.path)
     except Exception as err:  # OSError locally; fsspec backends raise many kinds
         return failed(f"writing {gib(size)} to {target.location} failed: {error_text(err)}",
                       "point ckpt.dir at a writable location with room for the checkpoints", {"dir": target.location})
@@ -224,7 +177,7 @@ def data_root_check(ctx: DoctorContext) -> CheckResult:
             continue
         try:
             ctx.made.make(directory)
-            write_probe(directory, 4096)
+            write_probe(_store(directory), 4096)
         except OSError as err:
             return failed(f"the {label} directory {directory} cannot be created or written: {error_text(err)}",
                           "set paths.cache=/writable/dir (or DRIVEBENCH_CACHE) to a writable local directory", data)

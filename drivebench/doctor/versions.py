@@ -12,10 +12,10 @@ import os
 import sys
 from pathlib import Path
 
-from drivebench.doctor import nvml
 from drivebench.doctor.context import CONF_DIR, DoctorContext
 from drivebench.doctor.probe import error_text, installed_version, try_import, version_tuple
 from drivebench.doctor.result import Check, CheckResult, failed, informed, passed, warned
+from drivebench.hardware import nvml
 
 MIN_PYTHON = (3, 10)
 TORCHVISION_MINOR_OFFSET = 15  # torchvision 0.(m+15) pairs with torch 2.m (0.15 <-> 2.0 ... 0.29 <-> 2.14)

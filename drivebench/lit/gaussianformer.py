@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from drivebench.lit.base import DriveModule
+from drivebench.lit.param_groups import split_off_backbone
 from drivebench.models.gaussianformer.losses import OccupancyLoss
 from drivebench.models.gaussianformer.metrics import OccupancyMetric
 
@@ -56,23 +57,6 @@ class GaussianFormerModule(DriveModule):
     def batch_size(self, batch: dict[str, Any]) -> int:
         return int(batch["img"].shape[0])
 
-    def _base_lr(self) -> float:
-        """The optimizer factory's learning rate, read from a throwaway optimizer (works for any partial)."""
-        probe = self.optimizer_factory([nn.Parameter(torch.zeros(1))])
-        return float(probe.defaults["lr"])
-
     def parameter_groups(self) -> list[dict[str, Any]]:
-        """Decay / no-decay groups as ``DriveModule``, split again into backbone (lr x mult) and the rest."""
-        backbone_ids = {id(p) for p in self.net.image_encoder.backbone.parameters()}
-        base_lr = self._base_lr()
-        groups: list[dict[str, Any]] = []
-        for group in super().parameter_groups():
-            params = group["params"]
-            extra = {k: v for k, v in group.items() if k != "params"}
-            backbone = [p for p in params if id(p) in backbone_ids]
-            rest = [p for p in params if id(p) not in backbone_ids]
-            if rest:
-                groups.append({"params": rest, **extra})
-            if backbone:
-                groups.append({"params": backbone, "lr": base_lr * self.backbone_lr_mult, **extra})
-        return groups
+        """Decay / no-decay groups as ``DriveModule``, split again into the rest and the backbone (lr x mult)."""
+        return split_off_backbone(super().parameter_groups(), self.net.image_encoder.backbone, self.backbone_lr_mult)

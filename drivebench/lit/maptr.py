@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from drivebench.lit.base import DriveModule, OptimizerFactory, SchedulerFactory
+from drivebench.lit.param_groups import backbone_and_name_decay_groups
 from drivebench.models.common.map_metrics import CHAMFER_THRESHOLDS, MAP_CLASSES, ChamferMapAP
 from drivebench.models.maptr.criterion import MapTRCriterion
 from drivebench.models.maptr.postprocess import decode_top_k
@@ -83,20 +84,5 @@ class MapTRModule(DriveModule):
     # ---- optimisation ------------------------------------------------------------------------
     def parameter_groups(self) -> list[dict[str, Any]]:
         """Backbone at ``backbone_lr_mult`` x lr; every group decayed unless named in ``no_weight_decay``."""
-        backbone_ids = {id(p) for p in self.net.image_encoder.backbone.parameters()}
-        buckets: dict[tuple[bool, bool], list[nn.Parameter]] = {}
-        for name, param in self.net.named_parameters():
-            if not param.requires_grad:
-                continue
-            is_backbone = id(param) in backbone_ids
-            decays = not any(frag in name.lower() for frag in self.no_weight_decay)
-            buckets.setdefault((is_backbone, decays), []).append(param)
-        groups = []
-        for (is_backbone, decays), params in sorted(buckets.items()):
-            group: dict[str, Any] = {"params": params}
-            if is_backbone:
-                group["lr_mult"] = self.backbone_lr_mult
-            if not decays:
-                group["weight_decay"] = 0.0
-            groups.append(group)
-        return groups
+        return backbone_and_name_decay_groups(self.net.named_parameters(), self.net.image_encoder.backbone,
+                                              self.backbone_lr_mult, self.no_weight_decay)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from drivebench.lit.base import DriveModule, OptimizerFactory, SchedulerFactory
+from drivebench.lit.param_groups import backbone_and_name_decay_groups
 from drivebench.models.common.map_metrics import CHAMFER_THRESHOLDS, ChamferMapAP
 from drivebench.models.sparsedrive.decode import decode_detections, decode_map, decode_motion, decode_planning
 from drivebench.models.sparsedrive.metrics import DetectionAP, MotionMetric, PlanningMetric
@@ -137,22 +138,8 @@ class SparseDriveModule(DriveModule):
     # ---- optimisation ------------------------------------------------------------------------
     def parameter_groups(self) -> list[dict[str, Any]]:
         """Backbone at ``backbone_lr_mult`` x lr; every group decayed unless named in ``no_weight_decay``."""
-        backbone_ids = {id(p) for p in self.net.encoder.backbone.parameters()}
-        buckets: dict[tuple[bool, bool], list[nn.Parameter]] = {}
-        for name, param in self.net.named_parameters():
-            if not param.requires_grad:
-                continue
-            decays = not any(frag in name.lower() for frag in self.no_weight_decay)
-            buckets.setdefault((id(param) in backbone_ids, decays), []).append(param)
-        groups = []
-        for (is_backbone, decays), params in sorted(buckets.items()):
-            group: dict[str, Any] = {"params": params}
-            if is_backbone:
-                group["lr_mult"] = self.backbone_lr_mult
-            if not decays:
-                group["weight_decay"] = 0.0
-            groups.append(group)
-        return groups
+        return backbone_and_name_decay_groups(self.net.named_parameters(), self.net.encoder.backbone,
+                                              self.backbone_lr_mult, self.no_weight_decay)
 
 
 __all__ = ["SparseDriveModule"]

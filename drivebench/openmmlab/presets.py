@@ -1,14 +1,15 @@
 """Size presets for mmdet3d configs (``model.size``): mmengine ``--cfg-options`` computed from the
 loaded config, applied before the user's ``model.cfg_options``.
 
-Why computed, not fixed: a tiny PointPillars must keep its grid consistent with the config's point
+Why computed, not fixed: a small PointPillars must keep its grid consistent with the config's point
 cloud range and its channel counts consistent between encoder, backbone, neck and head; reading
 them from the config makes one preset serve the nuScenes, KITTI, Lyft and Waymo variants.
 
 * ``config``: the config as written.
-* ``tiny`` (CPU tests): PointPillars with 4x coarser pillars, a quarter of the channels, one block
-  per backbone stage, and a 10-iteration LR warm-up (the configs warm up over 1,000 iterations,
-  longer than a bounded CPU run). Data and losses are the config's.
+* ``test`` (CPU tests; called ``tiny`` before, which :data:`DEPRECATED_PRESETS` still maps to it):
+  PointPillars with 4x coarser pillars, a quarter of the channels, one block per backbone stage,
+  and a 10-iteration LR warm-up (the configs warm up over 1,000 iterations, longer than a bounded
+  CPU run). Data and losses are the config's.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Any, Callable
 
 from drivebench.errors import ConfigError
 
-PILLAR_SCALE = 4        # tiny pillars are this many times wider (x and y)
-CHANNEL_DIVISOR = 4     # tiny layers have this fraction of the channels
-TINY_WARMUP_ITERS = 10  # tiny LR warm-up (linear, iteration-based)
+PILLAR_SCALE = 4        # test-size pillars are this many times wider (x and y)
+CHANNEL_DIVISOR = 4     # test-size layers have this fraction of the channels
+TEST_WARMUP_ITERS = 10  # test-size LR warm-up (linear, iteration-based)
 
 
 def _config(cfg: Any) -> dict[str, Any]:
@@ -30,12 +31,12 @@ def _quarter(values: list[int]) -> list[int]:
     return [max(8, int(v) // CHANNEL_DIVISOR) for v in values]
 
 
-def _tiny(cfg: Any) -> dict[str, Any]:
+def _test(cfg: Any) -> dict[str, Any]:
     model = cfg.model
     p = "pts_" if "pts_voxel_encoder" in model else ""
     mid = model.get(f"{p}middle_encoder") or {}
     if mid.get("type") != "PointPillarsScatter":
-        raise ConfigError(f"model.size=tiny is defined for PointPillars configs (middle encoder PointPillarsScatter); "
+        raise ConfigError(f"model.size=test is defined for PointPillars configs (middle encoder PointPillarsScatter); "
                           f"this one has {mid.get('type') or model.get('type')}: use model.size=config and shrink it "
                           "with model.cfg_options")
     enc, bb, neck, head = (model[f"{p}{k}"] for k in ("voxel_encoder", "backbone", "neck", "bbox_head"))
@@ -73,9 +74,10 @@ def _tiny(cfg: Any) -> dict[str, Any]:
     if any(s.get("type") == "LinearLR" and not s.get("by_epoch", True) for s in schedulers):
         for s in schedulers:
             if s.get("type") == "LinearLR" and not s.get("by_epoch", True):
-                s["end"] = min(int(s.get("end", TINY_WARMUP_ITERS)), TINY_WARMUP_ITERS)
+                s["end"] = min(int(s.get("end", TEST_WARMUP_ITERS)), TEST_WARMUP_ITERS)
         opts["param_scheduler"] = schedulers
     return opts
 
 
-PRESETS: dict[str, Callable[[Any], dict[str, Any]]] = {"config": _config, "tiny": _tiny}
+PRESETS: dict[str, Callable[[Any], dict[str, Any]]] = {"config": _config, "test": _test}
+DEPRECATED_PRESETS = {"tiny": "test"}  # old size name -> current (the model registry warns once)

@@ -16,6 +16,8 @@ from typing import Any
 import psutil
 import torch
 
+from drivebench.hardware import nvml
+
 
 @dataclass
 class GPUInfo:
@@ -82,20 +84,6 @@ def _shm() -> tuple[float | None, float | None]:
     return usage.total / 2**30, usage.free / 2**30
 
 
-def _driver_version() -> str | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-            return version.decode() if isinstance(version, bytes) else version
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no NVML library or no driver: not a GPU machine
-        return None
-
-
 def detect_machine(accelerator: str = "auto") -> MachineInfo:
     """Inspect this machine. ``accelerator`` (auto | gpu | cpu) restricts what is used."""
     use_cuda = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
@@ -113,7 +101,8 @@ def detect_machine(accelerator: str = "auto") -> MachineInfo:
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
             info.gpus.append(GPUInfo(i, props.name, props.total_memory / 2**30, f"{props.major}.{props.minor}"))
-        info.driver = _driver_version()
+        driver = nvml.driver_info()  # None: no NVML library or no driver
+        info.driver = driver[0] if driver else None
         info.cuda = torch.version.cuda
         info.cudnn = torch.backends.cudnn.version()
         try:
@@ -122,6 +111,17 @@ def detect_machine(accelerator: str = "auto") -> MachineInfo:
             info.nccl = None
         info.bf16_supported = torch.cuda.is_bf16_supported()
     return info
+
+
+# Filesystem types that live on another machine (mount types as /proc/mounts names them); any
+# "fuse*" type counts too (sshfs, gcsfuse, s3fs, ... mounted through FUSE)
+NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "cephfs",
+                        "glusterfs", "panfs", "wekafs", "afs", "9p", "virtiofs", "ocfs2", "davfs", "sshfs"})
+
+
+def is_network_fs(fstype: str | None) -> bool:
+    """A network or FUSE mount: writes and reads cross a link, and may be much slower than local disk."""
+    return bool(fstype) and (fstype in NETWORK_FS or fstype.startswith("fuse"))  # type: ignore[union-attr]
 
 
 def filesystem_of(path: str | os.PathLike[str]) -> dict[str, Any]:

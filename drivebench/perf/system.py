@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from drivebench.hardware.nvml import DeviceReader
+
 
 @dataclass
 class SystemSample:
@@ -28,7 +30,11 @@ class SystemSample:
 
 
 class SystemMonitor:
-    """Samples in a daemon thread between ``start()`` and ``stop()``."""
+    """Samples in a daemon thread between ``start()`` and ``stop()``.
+
+    ``device_index`` is the CUDA device (CUDA's numbering); NVML is asked for the same GPU by its
+    UUID (:class:`~drivebench.hardware.nvml.DeviceReader`), since NVML ignores CUDA_VISIBLE_DEVICES.
+    """
 
     def __init__(self, device_index: int | None, interval: float = 0.5) -> None:
         self.device_index = device_index
@@ -36,21 +42,16 @@ class SystemMonitor:
         self.samples: list[SystemSample] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._nvml_handle = None
+        self._gpu_reader: DeviceReader | None = None
         self._proc = psutil.Process(os.getpid())
         self._children: dict[int, psutil.Process] = {}
 
     def start(self) -> None:
         if self._thread is not None:
             return
-        if self.device_index is not None:
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                self._nvml_handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
-            except Exception:  # no NVML (driverless container): GPU columns stay empty
-                self._nvml_handle = None
+        if self.device_index is not None and self._gpu_reader is None:
+            # None without NVML (a driverless container): the GPU columns stay empty
+            self._gpu_reader = DeviceReader.open(self.device_index)
         self._proc.cpu_percent(None)
         psutil.cpu_percent(None)
         self._stop.clear()
@@ -63,6 +64,9 @@ class SystemMonitor:
         self._stop.set()
         self._thread.join(timeout=5)
         self._thread = None
+        if self._gpu_reader is not None:
+            self._gpu_reader.close()
+            self._gpu_reader = None
 
     def latest(self) -> SystemSample | None:
         return self.samples[-1] if self.samples else None
@@ -95,16 +99,8 @@ class SystemMonitor:
         return total
 
     def _gpu(self) -> tuple[float | None, float | None]:
-        if self._nvml_handle is None:
-            return None, None
-        try:
-            import pynvml
-
-            util = pynvml.nvmlDeviceGetUtilizationRates(self._nvml_handle).gpu
-            mem = pynvml.nvmlDeviceGetMemoryInfo(self._nvml_handle).used / 2**30
-            return float(util), float(mem)
-        except Exception:
-            return None, None
+        reading = self._gpu_reader.read() if self._gpu_reader is not None else None
+        return reading if reading is not None else (None, None)
 
     @staticmethod
     def _run_queue() -> tuple[int | None, float | None]:

@@ -19,8 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from drivebench.data.argoverse2 import schema
-from drivebench.data.argoverse2.synthetic_map import Lane, RoadNetwork, left_normals, resample_many, wrap_angle
+from drivebench.data.argoverse2.synthetic_map import Lane, RoadNetwork, left_normals, wrap_angle
 from drivebench.data.argoverse2.synthetic_traffic import Track
+from drivebench.polylines import resample_many
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from drivebench.polylines import resample
+
 DENSE_STEP = 1.0  # metres between dense centerline points
 STRAIGHT, LEFT, RIGHT = "straight", "left", "right"
 
@@ -143,36 +145,6 @@ def point_headings(points: np.ndarray) -> np.ndarray:
     delta = np.diff(points, axis=0)
     heading = np.arctan2(delta[:, 1], delta[:, 0])
     return np.append(heading, heading[-1])
-
-
-def resample(points: np.ndarray, count: int) -> np.ndarray:
-    """``count`` points evenly spaced in arc length along a polyline."""
-    delta = points[1:] - points[:-1]
-    cum = np.concatenate(([0.0], np.cumsum(np.sqrt((delta * delta).sum(axis=1)))))
-    target = cum[-1] * (np.arange(count) / (count - 1))
-    return np.column_stack([np.interp(target, cum, points[:, 0]), np.interp(target, cum, points[:, 1])])
-
-
-def resample_many(polylines: list[np.ndarray], counts: np.ndarray) -> list[np.ndarray]:
-    """Evenly spaced points (``counts[i]`` >= 2) along each polyline, vectorised over all of them."""
-    sizes = np.array([len(p) for p in polylines])
-    counts = np.asarray(counts, dtype=np.int64)
-    points = np.concatenate(polylines)
-    starts = np.cumsum(sizes) - sizes
-    seg = np.hypot(*np.diff(points, axis=0).T)
-    seg[starts[1:] - 1] = 0.0  # no length between one polyline's end and the next one's start
-    cum = np.concatenate([[0.0], np.cumsum(seg)])
-    first, last = cum[starts], cum[starts + sizes - 1]
-    owner = np.repeat(np.arange(len(polylines)), counts)
-    target_starts = np.cumsum(counts) - counts
-    fraction = (np.arange(int(counts.sum())) - target_starts[owner]) / (counts[owner] - 1)
-    target = first[owner] + fraction * (last - first)[owner]
-    index = np.searchsorted(cum, target, side="right") - 1
-    index = np.clip(index, starts[owner], starts[owner] + sizes[owner] - 2)
-    span = cum[index + 1] - cum[index]
-    t = np.where(span > 0, (target - cum[index]) / np.where(span > 0, span, 1.0), 0.0)
-    out = points[index] + t[:, None] * (points[index + 1] - points[index])
-    return np.split(out, np.cumsum(counts)[:-1])
 
 
 def _curved_reference(start: np.ndarray, heading: float, length: float, straight: float,

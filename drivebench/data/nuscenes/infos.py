@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
+from pyquaternion import Quaternion
 
 from drivebench.data.nuscenes import CAMERAS, LOCATIONS
 from drivebench.data.nuscenes.cache import cached, file_fingerprint
 from drivebench.data.nuscenes.errors import CorruptFileError, DataFileError, MissingFileError, MissingTableError
 
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2  # 2: rotations through pyquaternion, as the devkit (poses move by <= 1.2e-13)
 INFO_VERSION = "1.1"  # mmdet3d's data_list format version
 TABLES = ("attribute", "calibrated_sensor", "category", "ego_pose", "instance", "log", "map", "sample",
           "sample_annotation", "sample_data", "scene", "sensor", "visibility")
@@ -83,31 +84,19 @@ class InfoIndex:
 
 
 # ----------------------------------------------------------------------------------------------
-# Small geometry helpers (quaternions are [w, x, y, z] as in the tables).
-
-
-def quat_matrix(q: Iterable[float]) -> np.ndarray:
-    w, x, y, z = q
-    n = math.sqrt(w * w + x * x + y * y + z * z)
-    w, x, y, z = w / n, x / n, y / n, z / n
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-    ])
+# Small geometry helpers (quaternions are [w, x, y, z] as in the tables; pyquaternion, as the devkit).
 
 
 def pose_matrix(rotation: Iterable[float], translation: Iterable[float]) -> np.ndarray:
     m = np.eye(4)
-    m[:3, :3] = quat_matrix(rotation)
+    m[:3, :3] = Quaternion(list(rotation)).rotation_matrix
     m[:3, 3] = list(translation)
     return m
 
 
 def quat_yaw(q: Iterable[float]) -> float:
     """Yaw of a rotation, as ``nuscenes.eval.common.utils.quaternion_yaw`` computes it."""
-    r = quat_matrix(q)
-    v = r @ np.array([1.0, 0.0, 0.0])
+    v = Quaternion(list(q)).rotation_matrix @ np.array([1.0, 0.0, 0.0])
     return float(math.atan2(v[1], v[0]))
 
 
@@ -345,7 +334,7 @@ def _rel(path: Path, root: Path) -> str:
 def _instance(nusc, ann_tok: str, sample: dict, global2lidar: np.ndarray, lidar2global: np.ndarray) -> dict:
     ann = nusc.get("sample_annotation", ann_tok)
     centre = global2lidar[:3, :3] @ np.asarray(ann["translation"]) + global2lidar[:3, 3]
-    rot = global2lidar[:3, :3] @ quat_matrix(ann["rotation"])
+    rot = global2lidar[:3, :3] @ Quaternion(ann["rotation"]).rotation_matrix
     yaw = float(math.atan2(rot[1, 0], rot[0, 0]))
     w, l, h = ann["size"]
     velo = nusc.box_velocity(ann_tok)[:2]  # NaN when it cannot be estimated, kept as mmdet3d does

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from pyquaternion import Quaternion
 
 from drivebench.data.nuscenes import CAMERAS
 from drivebench.data.nuscenes.maps import CityMap, make_token
@@ -38,24 +39,13 @@ def yaw_quaternion(yaw: float) -> list[float]:
     return [math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2)]
 
 
-def quat_to_matrix(q) -> np.ndarray:
-    w, x, y, z = q
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-    ])
-
-
 def matrix_to_quat(m: np.ndarray) -> list[float]:
-    from pyquaternion import Quaternion
-
     return [float(v) for v in Quaternion(matrix=m, rtol=1e-6, atol=1e-6).q]
 
 
 def transform(rotation_q, translation) -> np.ndarray:
     t = np.eye(4)
-    t[:3, :3] = quat_to_matrix(rotation_q)
+    t[:3, :3] = Quaternion(rotation_q).rotation_matrix
     t[:3, 3] = translation
     return t
 

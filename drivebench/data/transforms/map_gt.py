@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from drivebench.data.nuscenes.cache import cached, file_fingerprint
+from drivebench.polylines import resample
 
 DIVIDER, PED_CROSSING, BOUNDARY = 0, 1, 2
 MAP_LOCATIONS = ("boston-seaport", "singapore-hollandvillage", "singapore-onenorth", "singapore-queenstown")
@@ -120,14 +121,6 @@ class MapGeometryExtractor:
         bound_patch = box(-max_x + 0.2, -max_y + 0.2, max_x - 0.2, max_y - 0.2)
         out.extend((BOUNDARY, np.asarray(line.coords)[:, :2]) for line in contours(polys, bound_patch, True))
         return [(label, c) for label, c in out if len(c) >= 2]
-
-
-def resample(coords: np.ndarray, n: int) -> np.ndarray:
-    """n points at equal arc-length spacing from start to end: shapely ``interpolate`` in bulk."""
-    seg = np.linalg.norm(np.diff(coords, axis=0), axis=1)
-    cum = np.concatenate([[0.0], np.cumsum(seg)])
-    d = np.linspace(0.0, cum[-1], n)
-    return np.stack([np.interp(d, cum, coords[:, 0]), np.interp(d, cum, coords[:, 1])], axis=1)
 
 
 def orderings_maptr_v2(coords: np.ndarray, n: int, rng: np.random.Generator, max_orderings: int) -> np.ndarray:

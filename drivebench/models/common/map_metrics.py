@@ -22,20 +22,11 @@ from typing import Sequence
 import numpy as np
 import shapely
 
+from drivebench.polylines import resample
+
 MAP_CLASSES = ("divider", "ped_crossing", "boundary")
 CHAMFER_THRESHOLDS = (0.5, 1.0, 1.5)
 _NO_OVERLAP = -100.0
-
-
-def resample_by_length(points: np.ndarray, num: int = 100) -> np.ndarray:
-    """``num`` points evenly spaced by arc length along the polyline ``points`` (P, 2)."""
-    points = np.asarray(points, dtype=np.float64)
-    seg = np.linalg.norm(np.diff(points, axis=0), axis=1)
-    cum = np.concatenate([[0.0], np.cumsum(seg)])
-    if cum[-1] <= 0:
-        return np.repeat(points[:1], num, axis=0)
-    at = np.linspace(0.0, cum[-1], num)
-    return np.stack([np.interp(at, cum, points[:, 0]), np.interp(at, cum, points[:, 1])], axis=-1)
 
 
 def chamfer_score_matrix(pred: np.ndarray, gt: np.ndarray, buffer_width: float = 2.0) -> np.ndarray:
@@ -145,9 +136,9 @@ class ChamferMapAP:
         for cls, record in enumerate(self._records):
             pred_sel = pred_labels == cls
             gt_sel = gt_labels == cls
-            preds = np.stack([resample_by_length(p, k) for p in pred_pts[pred_sel]]) if pred_sel.any() \
+            preds = np.stack([resample(p, k) for p in pred_pts[pred_sel]]) if pred_sel.any() \
                 else np.zeros((0, k, 2))
-            gts = np.stack([resample_by_length(g, k) for g in gt_pts[gt_sel]]) if gt_sel.any() \
+            gts = np.stack([resample(g, k) for g in gt_pts[gt_sel]]) if gt_sel.any() \
                 else np.zeros((0, k, 2))
             conf = pred_scores[pred_sel]
             matrix = chamfer_score_matrix(preds, gts)

@@ -16,6 +16,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from drivebench.polylines import resample
+
 # (yaw in degrees in the lidar frame, x forward / y left) in the contract's camera order
 NUSCENES_CAMERA_YAWS = {
     "CAM_FRONT": 0.0, "CAM_FRONT_RIGHT": -55.0, "CAM_FRONT_LEFT": 55.0,
@@ -53,16 +55,6 @@ def camera_rig(image_hw: tuple[int, int], valid_hw: tuple[int, int] | None = Non
     }
 
 
-def resample_polyline(points: np.ndarray, num: int) -> np.ndarray:
-    """``num`` points evenly spaced by arc length along a polyline (shapely's ``interpolate``)."""
-    seg = np.linalg.norm(np.diff(points, axis=0), axis=1)
-    cum = np.concatenate([[0.0], np.cumsum(seg)])
-    if cum[-1] <= 0:
-        return np.repeat(points[:1], num, axis=0)
-    targets = np.linspace(0.0, cum[-1], num)
-    return np.stack([np.interp(targets, cum, points[:, 0]), np.interp(targets, cum, points[:, 1])], axis=-1)
-
-
 def polyline_orderings(points: np.ndarray, num_orderings: int) -> tuple[np.ndarray, int]:
     """Forward and reversed polyline, padded: ((num_orderings, P, 2), 2)."""
     out = np.full((num_orderings,) + points.shape, PAD_VALUE, dtype=np.float32)
@@ -97,7 +89,7 @@ def synthetic_map_elements(
         y = rng.uniform(y0 + margin, y1 - margin)
         start = np.array([rng.uniform(x0 + margin, 0.0), y])
         end = np.array([rng.uniform(2.0, x1 - margin), y + rng.uniform(-2.0, 2.0)])
-        line = resample_polyline(np.stack([start, end]), num_pts)
+        line = resample(np.stack([start, end]), num_pts)
         pts, n = polyline_orderings(clip(line), num_orderings)
         elements.append(pts), labels.append(0), valid.append(n)
     for _ in range(counts[1]):  # ped crossing: a rectangle, closed ring
@@ -105,7 +97,7 @@ def synthetic_map_elements(
         hw, hh = rng.uniform(1.5, 3.0), rng.uniform(2.0, 3.5)
         corners = np.array([[cx - hw, cy - hh], [cx + hw, cy - hh], [cx + hw, cy + hh], [cx - hw, cy + hh],
                             [cx - hw, cy - hh]])
-        ring = resample_polyline(corners, num_pts)
+        ring = resample(corners, num_pts)
         ring[-1] = ring[0]
         pts, n = polygon_orderings(clip(ring), num_orderings)
         elements.append(pts), labels.append(1), valid.append(n)
@@ -114,7 +106,7 @@ def synthetic_map_elements(
         ys = np.linspace(rng.uniform(y0 + margin, -5.0), rng.uniform(5.0, y1 - margin), 50)
         bend = rng.uniform(-3.0, 3.0)
         xs = x + bend * np.sin(np.linspace(0.0, math.pi, 50))
-        line = resample_polyline(np.stack([xs, ys], axis=-1), num_pts)
+        line = resample(np.stack([xs, ys], axis=-1), num_pts)
         pts, n = polyline_orderings(clip(line), num_orderings)
         elements.append(pts), labels.append(2), valid.append(n)
     return (torch.from_numpy(np.stack(elements)).float(), torch.tensor(labels, dtype=torch.long),

@@ -12,11 +12,11 @@ from typing import Any
 from torch import nn
 
 from drivebench.models.registry import register_model
-from drivebench.openmmlab.presets import PRESETS
+from drivebench.openmmlab.presets import DEPRECATED_PRESETS, PRESETS
 
 
 @register_model("mmdet3d", sizes={name: {"preset": name} for name in PRESETS}, default_size="config",
-                upstream="mmdetection3d 1.4.0")
+                deprecated_sizes=DEPRECATED_PRESETS, upstream="mmdetection3d 1.4.0")
 def build_mmdet3d(preset: str, config: str, cfg_options: dict[str, Any] | None = None,
                   compile_scope: str = "none", voxelizer: str = "mmcv") -> nn.Module:
     """The config's model at size ``preset`` with ``cfg_options`` on top (an MMDet3DNet)."""

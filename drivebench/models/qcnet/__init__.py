@@ -1,4 +1,5 @@
-"""QCNet in plain PyTorch, registered as ``qcnet`` with sizes ``paper`` (upstream AV2 settings) and ``tiny``.
+"""QCNet in plain PyTorch, registered as ``qcnet`` with sizes ``paper`` (upstream AV2 settings) and ``test``
+(the CPU test size; ``tiny``, its old name, is still accepted with a deprecation warning).
 
 Graphs are built on the CPU by :class:`QCNetTransform` (per scene, in the DataLoader workers) and
 batched by :func:`collate_qcnet`; build the transform that matches a model with
@@ -21,12 +22,13 @@ _GRAPH = dict(num_historical_steps=50, num_future_steps=60, num_modes=6, time_sp
 SIZES: dict[str, dict[str, Any]] = {
     "paper": dict(hidden_dim=128, num_heads=8, head_dim=16, num_freq_bands=64, num_map_layers=1,
                   num_agent_layers=2, num_dec_layers=2, num_recurrent_steps=3, dropout=0.1, **_GRAPH),
-    "tiny": dict(hidden_dim=32, num_heads=2, head_dim=16, num_freq_bands=8, num_map_layers=1,
+    "test": dict(hidden_dim=32, num_heads=2, head_dim=16, num_freq_bands=8, num_map_layers=1,
                  num_agent_layers=2, num_dec_layers=2, num_recurrent_steps=3, dropout=0.1, **_GRAPH),
 }
 
 
-@register_model("qcnet", sizes=SIZES, default_size="paper", task="motion_forecasting", dataset="argoverse2")
+@register_model("qcnet", sizes=SIZES, default_size="paper", deprecated_sizes={"tiny": "test"},
+                task="motion_forecasting", dataset="argoverse2")
 def build_qcnet(**kwargs: Any) -> QCNet:
     """Build QCNet; graph settings (radii, steps, modes) go to ``net.transform_kwargs``."""
     return QCNet(**kwargs)

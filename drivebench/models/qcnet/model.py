@@ -68,7 +68,7 @@ class QCNet(nn.Module):
         edge counts change every batch and Inductor needs many minutes to compile the whole graph
         (over 15 on a 2-core CPU), more than a bounded benchmark runs.
         ``layers``: every attention layer and Fourier embedding on its own, with dynamic shapes;
-        instances of the same shape share compiled code (34 units -> 15 graphs for ``tiny``, about
+        instances of the same shape share compiled code (34 units -> 15 graphs for ``test``, about
         2 minutes of compilation on 2 CPU cores, no CPU speed-up). Meant to cut kernel launches on
         GPUs, where the eager model is launch-bound; its GPU effect is not measured yet.
         ``net``: the whole net as one unit (one graph, no breaks): Inductor fuses the elementwise

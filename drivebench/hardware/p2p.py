@@ -7,8 +7,10 @@ Training with ``dist.p2p=auto`` calls :func:`cached_p2p_verdict` and applies the
 ``"on"`` (NCCL's default), ``"off"`` (``NCCL_P2P_DISABLE=1``) or an ``NCCL_P2P_LEVEL`` value
 (``"NVL"``, ``"PIX"``, ...: P2P only over paths at most that distant).
 
-This module imports nothing heavy and never initialises CUDA (names come from NVML when it is
-there), so a launcher may call it before it spawns its workers.
+It lives outside :mod:`drivebench.doctor` because both sides use it: the doctor writes the
+verdict, training (:mod:`drivebench.dist`) reads it. It imports nothing heavy and does not
+initialise CUDA when NVML is there (names come from NVML), so a launcher may call it before it
+spawns its workers.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("drivebench.doctor")
+from drivebench.hardware import nvml
+
+log = logging.getLogger(__name__)
 
 LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")  # NCCL_P2P_LEVEL values, nearest path first
 VERDICTS = ("on", "off", *LEVELS)
@@ -113,8 +117,6 @@ def machine_key(gpu_names: list[str], driver: str | None) -> str:
 
 def current_machine_key() -> str | None:
     """The key of the GPUs this process may use, or None without GPUs. Does not initialise CUDA."""
-    from drivebench.doctor import nvml
-
     names = nvml.visible_gpu_names()
     if names is None:  # no NVML (or MIG ids): ask torch, which does initialise CUDA here
         try:
