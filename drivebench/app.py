@@ -27,6 +27,7 @@ from drivebench.accel.cuda_graphs import settle_cuda_graphs
 from drivebench.accel.settings import AccelSettings
 from drivebench.ckpt.store import CheckpointWriteError
 from drivebench.data.datamodule import DriveDataModule
+from drivebench.data.device_transfer import DeviceTransform
 from drivebench.dist import DistJob, apply_p2p, build_strategy, patch_rank_launch_command, resolve_devices
 from drivebench.errors import ConfigError
 from drivebench.lit.base import DriveModule
@@ -127,24 +128,24 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     transform = build(cfg.model.transform) if cfg.model.get("transform") else None
     collate = build(cfg.model.collate) if cfg.model.get("collate") else None
     batch_sampler = build(cfg.model.batch_sampler) if cfg.model.get("batch_sampler") else None
-    datamodule = DriveDataModule(
-        source=source, transform=transform, collate_fn=collate, batch_size=cfg.model.batch_size,
-        val_batch_size=cfg.model.val_batch_size, accel=accel, seed=cfg.seed,
-        train_split=cfg.data.train_split, val_split=cfg.data.val_split, progress=progress,
-        batch_sampler=batch_sampler,
-    )
-    device_transform = transform.device_transform_for(accel) if hasattr(transform, "device_transform_for") else None
     net = build(cfg.model.net)
     checkpointing = accel.apply_activation_checkpointing(net, machine, cfg.model.batch_size)  # before compile
     if accel.channels_last:
         to_channels_last(net)
     compiled = apply_compile(net, accel)
+    device_transform = _device_transform(transform, net, accel)
     if device_transform is not None and getattr(device_transform, "compiles", False):
         compiled.append("device_transform")
+    datamodule = DriveDataModule(
+        source=source, transform=transform, collate_fn=collate, batch_size=cfg.model.batch_size,
+        val_batch_size=cfg.model.val_batch_size, accel=accel, seed=cfg.seed,
+        train_split=cfg.data.train_split, val_split=cfg.data.val_split, progress=progress,
+        batch_sampler=batch_sampler, device_transform=device_transform,
+    )
     scheduler = build(cfg.model.scheduler) if cfg.model.get("scheduler") else None
     module = build(cfg.model.module)(
         net=net, optimizer=build(cfg.model.optimizer), scheduler=scheduler,
-        scheduler_interval=cfg.model.get("scheduler_interval", "step"), device_transform=device_transform,
+        scheduler_interval=cfg.model.get("scheduler_interval", "step"),
     )
     module.run_config = redact(_plain_config(cfg))
     run = Run(cfg=cfg, machine=machine, accel=accel, output_dir=output_dir, datamodule=datamodule,
@@ -164,6 +165,15 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     return run
 
 
+def _device_transform(transform: Any, net: Any, accel: AccelSettings) -> DeviceTransform | None:
+    """What the datamodule runs on each batch once it is on the device: the device half of a camera
+    pipeline (``accel.device_transform``), or a model's own batch preprocessing (mmdet3d's
+    data_preprocessor, ``net.device_transform``)."""
+    if hasattr(transform, "device_transform_for"):
+        return transform.device_transform_for(accel)
+    return getattr(net, "device_transform", None)
+
+
 def _plain_config(cfg: DictConfig) -> dict[str, Any]:
     """The config as plain data, resolved where it can be (outside a Hydra run, ``${hydra:...}``
     cannot be: then the interpolations stay as written)."""
@@ -174,9 +184,8 @@ def _plain_config(cfg: DictConfig) -> dict[str, Any]:
 
 
 def quiet_third_party_noise() -> None:
-    """Silence messages about choices drivebench makes on purpose (batch hooks on the module,
-    not the datamodule) and Lightning's banners; our summary says what ran where."""
-    warnings.filterwarnings("ignore", message=r".*overridden `\w+` in `LightningModule` but have passed in a")
+    """Silence messages about choices drivebench makes on purpose and Lightning's banners; our
+    summary says what ran where."""
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     warnings.filterwarnings("ignore", message=r".*smaller than the logging interval")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):

@@ -1,4 +1,5 @@
-"""The step timer splits each step into data wait / transfer / compute on a real Lightning run."""
+"""The step timer splits each step into data wait / transfer / compute on a real Lightning run, with
+the step clock it owns handed to what records into it (datamodule, loader-wait profiler, callbacks)."""
 
 import time
 
@@ -7,10 +8,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from drivebench.data.device_transfer import DeviceTransferDataModule
 from drivebench.lit.base import DriveModule
 from drivebench.perf.callback import StepTimer
 from drivebench.accel.gc_freeze import FreezeHeap
-from drivebench.perf.ceiling import ResidentBatch, ResidentBatchLoader
+from drivebench.perf.ceiling import CeilingDataModule
+from drivebench.perf.clock import StepClock
 from drivebench.perf.loader_wait import LoaderWaitProfiler
 from drivebench.perf.summary import loss_summary, phase_stats
 
@@ -135,7 +138,33 @@ def test_losses_are_recorded_per_step_without_sync_tricks_on_cpu():
     assert summary["at_steps"]["10"] is not None and summary["final"] < summary["first"]
 
 
-def test_ceiling_reuses_one_resident_batch():
+class SleepyTransform:
+    """A device transform that costs ``delay`` seconds per batch and counts its calls."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.calls = delay, 0
+
+    def __call__(self, batch: dict) -> dict:
+        time.sleep(self.delay)
+        self.calls += 1
+        return {**batch, "x": batch["x"] * 1.0}
+
+
+class SlowData(DeviceTransferDataModule):
+    """Train (and optionally validation) batches of :class:`SlowDataset` through the transfer hooks."""
+
+    def __init__(self, device_transform=None, data_delay: float = 0.0) -> None:
+        super().__init__(device_transform)
+        self.data_delay = data_delay
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(SlowDataset(64, self.data_delay), batch_size=4)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(SlowDataset(8, 0.0), batch_size=4)
+
+
+def test_ceiling_reuses_one_resident_batch_transformed_once():
     module = ToyModule(SlowModel(0.0), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
     seen = []
 
@@ -144,12 +173,82 @@ def test_ceiling_reuses_one_resident_batch():
             seen.append(id(batch))
 
     batch = next(iter(DataLoader(SlowDataset(8, 0.0), batch_size=4)))
+    transform = SleepyTransform(0.05)
+    ceiling = CeilingDataModule(batch, 5, transform)
     timer = StepTimer("ceiling", warmup_steps=1)
     trainer = pl.Trainer(accelerator="cpu", max_steps=5, logger=False, callbacks=[timer, Spy()],
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(module, train_dataloaders=ResidentBatchLoader(ResidentBatch(batch), 5))
+    trainer.fit(module, datamodule=ceiling)
     assert len(set(seen)) == 1 and len(seen) == 5
+    assert transform.calls == 1 and seen[0] == id(ceiling.resident)
     assert phase_stats(timer.times)["steps_measured"] == 4
+    # the one transform is timed on the first step's clock, the reused batch costs nothing after it
+    assert timer.times.records[0].gpu_preprocess_s >= 0.05
+    assert all(r.gpu_preprocess_s == 0.0 for r in timer.times.records[1:])
+
+
+def test_the_datamodule_times_the_device_transform_on_the_timers_clock():
+    module = ToyModule(SlowModel(0.0), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    data = SlowData(SleepyTransform(0.02))
+    timer = StepTimer("train", warmup_steps=0)
+    profiler = LoaderWaitProfiler()
+    trainer = pl.Trainer(accelerator="cpu", max_steps=4, logger=False, callbacks=[timer], profiler=profiler,
+                         limit_val_batches=0, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    seen_clocks = []
+
+    class Spy(pl.Callback):
+        def on_train_batch_start(self, *args) -> None:
+            seen_clocks.append((data.step_clock, profiler.step_clock))
+
+    trainer.callbacks.append(Spy())
+    trainer.fit(module, datamodule=data)
+    assert seen_clocks and all(d is timer.clock and p is timer.clock for d, p in seen_clocks)
+    records = timer.times.records
+    assert len(records) == 4 and all(r.gpu_preprocess_s >= 0.02 for r in records)
+    assert all(r.compute_s < 0.02 for r in records)  # the transform runs before the step starts
+    # taken back at teardown: the datamodule's own clock is off and records nothing
+    assert data.step_clock is not timer.clock and profiler.step_clock is not timer.clock
+    assert not data.step_clock.enabled
+
+
+def test_validation_batches_are_not_booked_on_the_next_step():
+    module = ToyModule(SlowModel(0.0), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    transform = SleepyTransform(0.03)
+    timer = StepTimer("train", warmup_steps=0)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=6, logger=False, callbacks=[timer], val_check_interval=3,
+                         limit_val_batches=2, num_sanity_val_steps=0, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, datamodule=SlowData(transform))
+    assert transform.calls == 6 + 2 * 2  # two validations of two batches each went through the transform
+    # each step's preprocessing is its own batch's, never a validation batch's as well
+    assert all(0.03 <= r.gpu_preprocess_s < 0.06 for r in timer.times.records)
+
+
+def test_each_trainer_records_into_its_own_timers_clock():
+    """Two phases one after the other (fit, then the ceiling) with the same datamodule class: no
+    shared recorder, and the first timer's records stay as they were."""
+    timers = []
+    for delay in (0.0, 0.03):
+        module = ToyModule(SlowModel(0.0), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+        timer = StepTimer("train", warmup_steps=0)
+        trainer = pl.Trainer(accelerator="cpu", max_steps=3, logger=False, callbacks=[timer], limit_val_batches=0,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(module, datamodule=SlowData(SleepyTransform(delay)))
+        timers.append(timer)
+    first, second = timers
+    assert first.clock is not second.clock
+    assert all(r.gpu_preprocess_s < 0.03 for r in first.times.records)
+    assert all(r.gpu_preprocess_s >= 0.03 for r in second.times.records)
+
+
+def test_a_clock_nobody_started_records_nothing():
+    clock = StepClock()
+    clock.mark("fetched")
+    clock.add("loader_next", 1.0)
+    with clock.span("h2d"):
+        pass
+    assert clock.pop() == ({}, {}, {})
 
 
 def test_bad_arguments_are_refused():

@@ -1,5 +1,9 @@
 """The three benchmarks. Each measures phases with the same clock and writes one ``summary.json``.
 
+Each phase is one Lightning Trainer with a :class:`~drivebench.perf.callback.StepTimer` of its own
+(the owner of that phase's step clock) and a view of the run's one logger that puts the phase in
+front of every tag (:mod:`drivebench.bench.phase_logger`): one TensorBoard event stream per run.
+
 * :class:`TrainBench` (``bench=train``): bounded training, every step timed; validation at the end;
   then the ceiling (the same model on one device-resident batch) and efficiency = train / ceiling.
 * :class:`CeilingBench` (``bench=ceiling``): only the ceiling.
@@ -22,6 +26,7 @@ from omegaconf import OmegaConf
 from drivebench.accel.compile import compile_report
 from drivebench.accel.gc_freeze import FreezeHeap
 from drivebench.app import Run, build
+from drivebench.bench.phase_logger import CEILING, FIT, VALIDATE, phase_logger
 from drivebench.ckpt.resume import find_resume_checkpoint, readable_checkpoint
 from drivebench.ckpt.state import ResumeState
 from drivebench.data.device_prefetch import DevicePrefetchLoader
@@ -31,7 +36,7 @@ from drivebench.errors import ConfigError
 from drivebench.secrets import redact, redact_argv
 from drivebench.perf.bottleneck import diagnose, efficiency_note
 from drivebench.perf.callback import StepTimer
-from drivebench.perf.ceiling import ResidentBatch, ResidentBatchLoader
+from drivebench.perf.ceiling import CeilingDataModule
 from drivebench.perf.loader_wait import LoaderWaitProfiler
 from drivebench.perf.machine import filesystem_of
 from drivebench.perf.profiler import ProfileSteps
@@ -104,11 +109,12 @@ class TrainBench:
         summary["data"]["prepare_s"] = time.perf_counter() - t0
         summary["data"]["train_samples"] = len(dm.train_set)
         summary["data"]["val_samples"] = len(dm.val_set)
+        trained_step = 0  # the global step of the weights after training (validation logs there)
         try:
             if self.runs_loader:
                 summary["loader"] = self._loader_phase(run)
             if self.runs_training:
-                self._train_phase(run, logger, monitor, summary)
+                trained_step = self._train_phase(run, logger, monitor, summary)
             if self.runs_ceiling and (self.ceiling or not self.runs_training):
                 # right after training, under the same conditions; the ceiling's steps on one batch
                 # must not change the weights that validation then scores
@@ -116,7 +122,7 @@ class TrainBench:
                 self._ceiling_phase(run, logger, monitor, summary)
                 run.module.load_state_dict(weights)
             if self.runs_training and self.val_batches:
-                summary["val"] = self._validate(run, logger)
+                summary["val"] = self._validate(run, logger, trained_step)
         finally:
             monitor.stop()
         summary["data"]["shm_cache"] = dm.cache_stats()
@@ -145,10 +151,11 @@ class TrainBench:
         return summary
 
     # ---- phases ------------------------------------------------------------------------------
-    def _train_phase(self, run: Run, logger: Any, monitor: SystemMonitor, summary: dict[str, Any]) -> None:
+    def _train_phase(self, run: Run, logger: Any, monitor: SystemMonitor, summary: dict[str, Any]) -> int:
+        """Train; fill ``summary``; return the trainer's global step at the end."""
         cfg = run.cfg
         profiler = ProfileSteps(self.profile, self.warmup_steps, run.output_dir) if self.profile else None
-        timer = StepTimer("perf", self.warmup_steps, self.sync_each_step, self.log_every_n_steps, monitor,
+        timer = StepTimer("train", self.warmup_steps, self.sync_each_step, self.log_every_n_steps, monitor,
                           profiled_steps=profiler.occupied_steps if profiler else 0)
         freeze = FreezeHeap() if run.accel.gc_freeze else None
         # the profiler before the timer: its trace export then falls into a profiled (excluded) step
@@ -162,7 +169,7 @@ class TrainBench:
             max_steps = self.warmup_steps + self.steps + (profiler.occupied_steps if profiler else 0)
         validate_during_fit = cfg.trainer.check_val_every_n_epoch is not None or cfg.trainer.val_check_interval
         trainer = pl.Trainer(
-            **run.trainer_kwargs(), logger=logger, callbacks=callbacks, max_steps=max_steps,
+            **run.trainer_kwargs(), logger=phase_logger(logger, FIT), callbacks=callbacks, max_steps=max_steps,
             max_epochs=cfg.trainer.max_epochs,
             max_time=dt.timedelta(minutes=self.max_minutes) if self.max_minutes else None,
             limit_val_batches=(self.val_batches or 0) if validate_during_fit else 0,
@@ -200,6 +207,7 @@ class TrainBench:
             summary["memory"]["peak_device_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
         if ckpt is not None:
             summary["checkpoints"] = ckpt.summary()
+        return trainer.global_step
 
     @staticmethod
     def _gather_ranks(stats: dict[str, Any], trainer: pl.Trainer) -> dict[str, Any]:
@@ -226,8 +234,10 @@ class TrainBench:
             "slowest_rank_reason": "highest data-wait fraction (then step time)",
         }
 
-    def _validate(self, run: Run, logger: Any) -> dict[str, float]:
-        trainer = pl.Trainer(**run.trainer_kwargs(), logger=logger, limit_val_batches=self.val_batches,
+    def _validate(self, run: Run, logger: Any, trained_step: int) -> dict[str, float]:
+        """The end-of-run validation, logged at the step of the weights it scores."""
+        trainer = pl.Trainer(**run.trainer_kwargs(), logger=phase_logger(logger, VALIDATE, trained_step),
+                             limit_val_batches=self.val_batches,
                              enable_checkpointing=False, enable_progress_bar=False)
         if run.job is not None:
             run.job.track(trainer)
@@ -237,18 +247,19 @@ class TrainBench:
 
     def _ceiling_phase(self, run: Run, logger: Any, monitor: SystemMonitor, summary: dict[str, Any]) -> None:
         loader = run.datamodule.train_dataloader(device_prefetch=False)  # a host batch, made resident below
-        batch = next(iter(loader))
         steps = self.ceiling_warmup_steps + self.ceiling_steps
+        ceiling = CeilingDataModule(next(iter(loader)), steps, run.datamodule.device_transform)
         timer = StepTimer("ceiling", self.ceiling_warmup_steps, self.sync_each_step, self.log_every_n_steps, monitor)
         callbacks: list[pl.Callback] = ([FreezeHeap()] if run.accel.gc_freeze else []) + [timer]
         trainer = pl.Trainer(
-            **run.trainer_kwargs(), logger=logger, callbacks=callbacks, max_steps=steps, max_epochs=-1,
+            **run.trainer_kwargs(), logger=phase_logger(logger, CEILING), callbacks=callbacks, max_steps=steps,
+            max_epochs=-1,
             limit_val_batches=0, enable_checkpointing=False, log_every_n_steps=run.cfg.trainer.log_every_n_steps,
             profiler=LoaderWaitProfiler(),
         )
         if run.job is not None:
             run.job.track(trainer)
-        trainer.fit(run.module, train_dataloaders=ResidentBatchLoader(ResidentBatch(batch), steps))
+        trainer.fit(run.module, datamodule=ceiling)
         self.is_global_zero = trainer.is_global_zero
         summary["ceiling"] = phase_stats(timer.times, monitor)
         if trainer.world_size > 1:
@@ -257,7 +268,6 @@ class TrainBench:
 
     def _loader_phase(self, run: Run) -> dict[str, Any]:
         dm = run.datamodule
-        module = run.module
         device = torch.device("cuda", torch.cuda.current_device()) if run.machine.accelerator == "cuda" else None
         loader = dm.train_dataloader(device_prefetch=False)  # the host pipeline alone
         iterator = iter(loader)
@@ -271,15 +281,15 @@ class TrainBench:
                 iterator = iter(loader)
                 batch = next(iterator)
             if device is not None:
-                batch = module.move_batch(batch, device)
-            if module.device_transform is not None:  # part of the pipeline, wherever it runs
-                batch = module.device_transform(batch)
+                batch = dm.move_batch(batch, device)
+            if dm.device_transform is not None:  # part of the pipeline, wherever it runs
+                batch = dm.device_transform(batch)
             if device is not None:
                 torch.cuda.synchronize()
             t_now = time.perf_counter()
             if i >= warm:
                 times.append(t_now - t_prev)
-                sizes.append(module.batch_size(batch))
+                sizes.append(run.module.batch_size(batch))
             t_prev = t_now
         total = sum(times)
         return {
@@ -288,7 +298,7 @@ class TrainBench:
             "batch_s": describe(times),
             "samples_per_s": sum(sizes) / total if total > 0 else math.nan,
             "includes_device_transfer": device is not None,
-            "includes_device_transform": module.device_transform is not None,
+            "includes_device_transform": dm.device_transform is not None,
         }
 
     # ---- summary head ------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import torch
 from drivebench.ckpt.state import ResumeState
 from drivebench.ckpt.store import CheckpointStore, checkpoint_name
 from drivebench.errors import ConfigError
-from drivebench.perf.spans import SPANS
+from drivebench.perf.clock import CKPT, StepClock
 from drivebench.perf.stats import describe
 from drivebench.secrets import install_log_redaction, secret_values
 
@@ -99,6 +99,10 @@ class Checkpointing(ResumeState):
         async_write: write off the training thread (``ckpt=async``).
         storage_options: fsspec credentials/options (never recorded).
         clock: seconds for ``every_n_minutes`` (a monotonic clock; tests pass their own).
+
+    A save's blocking time is also timed on the step clock of the trainer's
+    :class:`~drivebench.perf.callback.StepTimer` (``use_step_clock``), which books it as checkpoint
+    time rather than data wait.
     """
 
     def __init__(self, dir: str, every_n_steps: int | None = None, every_n_minutes: float | None = None,
@@ -125,9 +129,13 @@ class Checkpointing(ResumeState):
         self._stager = HostStager()
         self.staging_reserved: dict[str, Any] | None = None  # async: pinned buffers made before the first save
         self.clock = clock
+        self.step_clock = StepClock()  # off until a StepTimer hands over its own
         self._last_save_time = clock()
         self._last_saved_step = -1
         self._fault_step = int(os.environ[FAULT_ENV]) if os.environ.get(FAULT_ENV) else None
+
+    def use_step_clock(self, clock: StepClock | None) -> None:
+        self.step_clock = clock if clock is not None else StepClock()
 
     # ---- setup: preflight --------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -199,7 +207,7 @@ class Checkpointing(ResumeState):
             return
         name = checkpoint_name(step)
         t0 = time.perf_counter()
-        with SPANS.span("ckpt"):
+        with self.step_clock.span(CKPT):
             self._raise_pending()  # waits for a write still in flight: that wait is blocking time
             checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
             fault = self._fault if self._fault_step == step else None

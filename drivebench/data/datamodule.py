@@ -1,5 +1,6 @@
-"""One LightningDataModule for every model: a data source, the model's transform and collate, and
-the loader knobs of the accel preset.
+"""One LightningDataModule for every model: a data source, the model's transform and collate, the
+loader knobs of the accel preset, and (through :class:`DeviceTransferDataModule`) the copy to the
+device and the device transform.
 
 Why generic: what differs between models is the per-sample transform and the collate (given by
 the model config) and the dataset (given by the data config); the loader knobs, the seeded sample
@@ -14,7 +15,6 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
-import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 from drivebench.accel.settings import AccelSettings
 from drivebench.accel.shm_cache import CacheDoesNotFit, SharedSampleCache
 from drivebench.data.device_prefetch import DevicePrefetchLoader
+from drivebench.data.device_transfer import DeviceTransform, DeviceTransferDataModule
 from drivebench.data.epoch_stream import EpochStream
 from drivebench.data.sampling import EpochBatchSampler, KeyedBatches, RandomBatchSampler
 from drivebench.errors import ConfigError
@@ -62,7 +63,7 @@ def _seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
 
 
-class DriveDataModule(pl.LightningDataModule):
+class DriveDataModule(DeviceTransferDataModule):
     """Args:
         source: the data source (see :class:`DataSource`).
         transform: per-sample model transform (runs in the loader workers).
@@ -75,6 +76,9 @@ class DriveDataModule(pl.LightningDataModule):
         batch_sampler: optional factory ``(dataset, batch_size, num_replicas, rank, seed) ->
             EpochBatchSampler`` for models that need special batching (streaming sequences);
             default: :class:`RandomBatchSampler`.
+        device_transform: the batch-level transform run on the device after the copy (the camera
+            pipelines' GPU decode and normalisation, mmdet3d's data_preprocessor); see
+            :class:`DeviceTransferDataModule`.
     """
 
     def __init__(
@@ -90,8 +94,9 @@ class DriveDataModule(pl.LightningDataModule):
         val_split: str = "val",
         progress: bool = True,
         batch_sampler: Callable[..., EpochBatchSampler] | None = None,
+        device_transform: DeviceTransform | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(device_transform)
         self.source = source
         self.transform = transform
         self.collate_fn = collate_fn
@@ -181,8 +186,7 @@ class DriveDataModule(pl.LightningDataModule):
         device = trainer.strategy.root_device
         if device.type != "cuda":
             return loader
-        module = trainer.lightning_module
-        return DevicePrefetchLoader(loader, device, module.move_batch, module.device_transform)
+        return DevicePrefetchLoader(loader, device, self.move_batch, self.device_transform)
 
     def _train_loader(self) -> DataLoader | EpochStream:
         assert self.train_set is not None, "setup() first"

@@ -2,8 +2,9 @@
 
 Subclasses (one per model, in ``drivebench.lit.<model>``) implement four small methods:
 ``compute_loss``, ``update_metrics``, ``compute_metrics`` / ``reset_metrics`` and ``batch_size``.
-Everything else (logging keys, optimizer/scheduler wiring, device-side preprocessing, the perf
-marks around the host-to-device copy) lives here once.
+Everything else (logging keys, optimizer/scheduler wiring) lives here once. The module holds the
+model, its loss, metrics and optimisation only: the copy to the device and the device transform
+are the datamodule's (``drivebench.data.device_transfer``), the timing is the step timer's.
 """
 
 from __future__ import annotations
@@ -15,13 +16,8 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
-from lightning.fabric.utilities.apply_func import move_data_to_device
-
 from drivebench.accel.cuda_graphs import GraphedLoss
-from drivebench.data.device_prefetch import READY_KEY
 from drivebench.lit.metric_sync import merge_across_ranks
-from drivebench.perf.ceiling import ResidentBatch
-from drivebench.perf.spans import SPANS
 
 CONFIG_KEY = "drivebench_config"  # the checkpoint entry holding the run's resolved, redacted config
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
@@ -38,8 +34,6 @@ class DriveModule(pl.LightningModule):
         scheduler_interval: ``step`` or ``epoch``.
         no_weight_decay: parameter-name fragments excluded from weight decay (norms, biases,
             embeddings, as upstream recipes do).
-        device_transform: optional callable run on the batch after it reached the device
-            (GPU JPEG decode, normalisation...); timed as ``gpu_preprocess``.
     """
 
     def __init__(
@@ -49,7 +43,6 @@ class DriveModule(pl.LightningModule):
         scheduler: SchedulerFactory | None = None,
         scheduler_interval: str = "step",
         no_weight_decay: tuple[str, ...] = (),
-        device_transform: Callable[[Any], Any] | None = None,
     ) -> None:
         super().__init__()
         if scheduler_interval not in ("step", "epoch"):
@@ -59,7 +52,6 @@ class DriveModule(pl.LightningModule):
         self.scheduler_factory = scheduler
         self.scheduler_interval = scheduler_interval
         self.no_weight_decay = tuple(no_weight_decay)
-        self.device_transform = device_transform
         # the run's resolved config (credentials redacted), written into every checkpoint so that a
         # checkpoint says what produced it; set by drivebench.app.build_run
         self.run_config: dict[str, Any] | None = None
@@ -147,41 +139,6 @@ class DriveModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.run_config is not None:
             checkpoint[CONFIG_KEY] = self.run_config
-
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        SPANS.mark("fetched")
-        return batch
-
-    def move_batch(self, batch: Any, device: torch.device) -> Any:
-        """Host batch -> device batch (``img_jpeg`` stays on the host); also used by the prefetch thread."""
-        # JPEG bytes are read by the decoder on the host (nvjpeg takes host buffers): copying them
-        # to the device only to copy them back would cost a blocking device-to-host copy each
-        if not (isinstance(batch, dict) and "img_jpeg" in batch):
-            return move_data_to_device(batch, device)
-        moved = move_data_to_device({k: v for k, v in batch.items() if k != "img_jpeg"}, device)
-        moved["img_jpeg"] = batch["img_jpeg"]
-        return moved
-
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        if isinstance(batch, dict) and batch.get(READY_KEY):  # moved and transformed by the prefetch thread
-            return batch
-        if isinstance(batch, ResidentBatch):  # the ceiling phase: move and preprocess once, then reuse
-            if batch.device_batch is None or batch.device != device:
-                moved = self.move_batch(batch.host, device)
-                batch.device_batch = self.device_transform(moved) if self.device_transform else moved
-                batch.device = device
-            self._resident_device_batch = batch.device_batch
-            return batch.device_batch
-        with SPANS.span("h2d"):
-            return self.move_batch(batch, device)
-
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        if isinstance(batch, dict) and batch.pop(READY_KEY, False):
-            return batch
-        if self.device_transform is None or batch is getattr(self, "_resident_device_batch", None):
-            return batch
-        with SPANS.span("gpu_preprocess"):
-            return self.device_transform(batch)
 
     # ---- optimisation ------------------------------------------------------------------------
     def parameter_groups(self) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ class GaussianFormerModule(DriveModule):
     """Train a ``GaussianFormer`` net (``drivebench.models.create_model("gaussianformer", ...)``).
 
     Args:
-        net, optimizer, scheduler, scheduler_interval, no_weight_decay, device_transform: see ``DriveModule``.
+        net, optimizer, scheduler, scheduler_interval, no_weight_decay: see ``DriveModule``.
         criterion: the occupancy loss; default upstream's (CE x10 with manual class weights + Lovasz x1).
         backbone_lr_mult: learning-rate multiplier of the image backbone (upstream ``img_backbone``: 0.1;
             the FPN keeps the base rate).
@@ -30,11 +30,10 @@ class GaussianFormerModule(DriveModule):
         scheduler: Any = None,
         scheduler_interval: str = "step",
         no_weight_decay: tuple[str, ...] = (),
-        device_transform: Any = None,
         criterion: OccupancyLoss | None = None,
         backbone_lr_mult: float = 0.1,
     ) -> None:
-        super().__init__(net, optimizer, scheduler, scheduler_interval, no_weight_decay, device_transform)
+        super().__init__(net, optimizer, scheduler, scheduler_interval, no_weight_decay)
         self.criterion = criterion or OccupancyLoss(num_classes=net.num_classes, lovasz_ignore=net.empty_label)
         self.metric = OccupancyMetric(num_classes=net.num_classes, empty_label=net.empty_label)
         self.backbone_lr_mult = backbone_lr_mult

@@ -33,13 +33,11 @@ class MapTRModule(DriveModule):
         scheduler: SchedulerFactory | None = None,
         scheduler_interval: str = "step",
         no_weight_decay: tuple[str, ...] = (),
-        device_transform: Callable[[Any], Any] | None = None,
         backbone_lr_mult: float = 0.1,
         max_predictions: int = 50,
         loss_weights: dict[str, float] | None = None,
     ) -> None:
-        super().__init__(net, optimizer, scheduler, scheduler_interval, no_weight_decay,
-                         device_transform)
+        super().__init__(net, optimizer, scheduler, scheduler_interval, no_weight_decay)
         self.backbone_lr_mult = backbone_lr_mult
         self.max_predictions = max_predictions
         self.criterion = MapTRCriterion(net.pc_range, net.num_classes, **(loss_weights or {}))

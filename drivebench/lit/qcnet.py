@@ -45,7 +45,7 @@ class QCNetModule(DriveModule):
     observed velocity, so a run can show the model against a trivial baseline.
 
     Args:
-        net, optimizer, scheduler, scheduler_interval, no_weight_decay, device_transform: see ``DriveModule``
+        net, optimizer, scheduler, scheduler_interval, no_weight_decay: see ``DriveModule``
             (``no_weight_decay`` fragments are excluded from decay on top of upstream's rule).
         criterion: the loss; default upstream's ``QCNetLoss``.
     """
@@ -57,10 +57,9 @@ class QCNetModule(DriveModule):
         scheduler: Any = None,
         scheduler_interval: str = "epoch",
         no_weight_decay: tuple[str, ...] = (),
-        device_transform: Any = None,
         criterion: QCNetLoss | None = None,
     ) -> None:
-        super().__init__(net, optimizer, scheduler, scheduler_interval, no_weight_decay, device_transform)
+        super().__init__(net, optimizer, scheduler, scheduler_interval, no_weight_decay)
         self.criterion = criterion or QCNetLoss()
         self.model_metrics = MotionMetrics(k=6)
         self.baseline_metrics = MotionMetrics(k=6)

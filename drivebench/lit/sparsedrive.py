@@ -46,12 +46,11 @@ class SparseDriveModule(DriveModule):
         scheduler: SchedulerFactory | None = None,
         scheduler_interval: str = "step",
         no_weight_decay: tuple[str, ...] = (),
-        device_transform: Callable[[Any], Any] | None = None,
         backbone_lr_mult: float | None = None,
         num_detections: int = 300,
         plan_rescore: bool = True,
     ) -> None:
-        super().__init__(net, optimizer, scheduler, scheduler_interval, no_weight_decay, device_transform)
+        super().__init__(net, optimizer, scheduler, scheduler_interval, no_weight_decay)
         stage = getattr(net, "stage", 2)
         self.backbone_lr_mult = backbone_lr_mult if backbone_lr_mult is not None else (0.5 if stage == 1 else 0.1)
         self.num_detections = num_detections

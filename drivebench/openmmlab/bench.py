@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from drivebench.app import Run
+from drivebench.bench.phase_logger import FIT, phase_logger
 from drivebench.bench.runners import TrainBench
 from drivebench.data.epoch_stream import stop_workers
 from drivebench.errors import ConfigError
@@ -238,14 +239,15 @@ class MMEngineBench(TrainBench):
         self.mapping = mapped
         return cfg
 
-    def _train_phase(self, run: Run, logger: Any, monitor: SystemMonitor, summary: dict[str, Any]) -> None:
+    def _train_phase(self, run: Run, logger: Any, monitor: SystemMonitor, summary: dict[str, Any]) -> int:
+        """Train under mmengine's runner; fill ``summary``; return the iterations run."""
         from mmengine.runner import Runner
 
         from drivebench.openmmlab.amp import patch_float32_only
 
         cfg = self.runner_config(run)
         self.mapping["float32_only_wrapped"] = patch_float32_only()  # as under drivebench (register_mmdet3d)
-        hook = make_timing_hook(self.warmup_steps, monitor, logger, self.log_every_n_steps)
+        hook = make_timing_hook(self.warmup_steps, monitor, phase_logger(logger, FIT), self.log_every_n_steps)
         runner = Runner.from_cfg(cfg)
         runner.register_hook(hook)
         if run.machine.accelerator == "cuda":
@@ -269,3 +271,4 @@ class MMEngineBench(TrainBench):
         if run.machine.accelerator == "cuda":
             summary["memory"]["peak_device_gb"] = torch.cuda.max_memory_allocated() / 2**30
             summary["memory"]["peak_device_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
+        return len(hook.times.records)

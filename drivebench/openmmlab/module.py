@@ -2,9 +2,10 @@
 
 * :class:`MMDet3DNet` holds the model built by mmdet3d's registry; ``forward`` returns its loss
   dict (``mode='loss'``), ``compile_units`` names what ``accel.compile`` compiles
-  (``model.net.compile_scope``: nothing by default, or the dense backbones, necks and heads).
-* :class:`MMDet3DModule` runs the model's ``data_preprocessor`` (voxelisation, padding) as the
-  device-side preprocessing step (timed as ``gpu_preprocess``), sums the losses with the model's
+  (``model.net.compile_scope``: nothing by default, or the dense backbones, necks and heads), and
+  ``device_transform`` is the model's ``data_preprocessor`` (voxelisation, padding), which
+  ``drivebench.app`` hands the datamodule as its device transform (timed as ``gpu_preprocess``).
+* :class:`MMDet3DModule` sums the losses with the model's
   own ``parse_losses``, and by default builds the optimizer, its parameter groups, the gradient
   clipping and the LR schedulers from the config's ``optim_wrapper`` / ``param_scheduler``, as
   mmengine's runner would, so the two runners train the same way.
@@ -58,6 +59,11 @@ class MMDet3DNet(nn.Module):
     def preprocess(self, batch: dict, training: bool) -> dict:
         """The model's data_preprocessor: device cast, voxelisation, padding (and batch augments)."""
         return self.model.data_preprocessor(batch, training)
+
+    def device_transform(self, batch: dict) -> dict:
+        """:meth:`preprocess` in the mode the net is in (Lightning sets it: train, or eval to validate):
+        the datamodule's device transform for this model."""
+        return self.preprocess(batch, self.training)
 
     def forward(self, batch: dict) -> dict[str, Any]:
         return self.model(**batch, mode="loss")
@@ -114,19 +120,12 @@ class MMDet3DModule(DriveModule):
     """Train an :class:`MMDet3DNet`. ``optimizer``/``scheduler`` None: the config's (as mmengine builds them)."""
 
     def __init__(self, net: MMDet3DNet, optimizer: Callable | None = None, scheduler: Callable | None = None,
-                 scheduler_interval: str = "step", device_transform: Callable | None = None) -> None:
+                 scheduler_interval: str = "step") -> None:
         super().__init__(net, optimizer, scheduler, scheduler_interval)
-        if device_transform is not None:
-            raise ConfigError("model=mmdet3d preprocesses with the config's data_preprocessor; "
-                              "accel.device_transform does not apply")
-        self.device_transform = self._preprocess  # base class times it as gpu_preprocess
         clip = (net.optim_wrapper_cfg or {}).get("clip_grad") or None
         if clip and float(clip.get("norm_type", 2)) != 2.0:
             raise ConfigError(f"optim_wrapper.clip_grad={clip}: drivebench clips by the 2-norm only")
         self.clip_grad = clip
-
-    def _preprocess(self, batch: dict) -> dict:
-        return self.net.preprocess(batch, self.training)
 
     # ---- DriveModule contract -----------------------------------------------------------------
     def compute_loss(self, batch: Any, outputs: dict[str, Any]) -> dict[str, torch.Tensor]:

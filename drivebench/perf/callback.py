@@ -13,10 +13,17 @@ Per step (host clock, ``time.perf_counter``):
 * h2d / gpu_preprocess: host time of the copy to the device and of device-side preprocessing;
 * compute: host time from ``on_train_batch_start`` to ``on_train_batch_end``.
 
+The timer owns the run's :class:`~drivebench.perf.clock.StepClock`: when its trainer is set up it
+hands the clock to every part that records into it (the datamodule's batch-transfer hooks mark the
+fetch and time ``h2d`` and ``gpu_preprocess``, the loader-wait profiler adds ``loader_next``, the
+checkpoint callback times ``ckpt``) and takes it back at teardown; it reads and clears the clock
+once per step. No recorder is global, so two trainers (fit, then the ceiling) never share one.
+
 On CUDA, the same spans are also timed with CUDA events on the device (``device_*``), read back
 lazily (``Event.query``) so that measuring never adds a host-device synchronisation unless
 ``sync_each_step`` asks for one. Warm-up steps are recorded but flagged, and excluded from every
-statistic. Validation time is cut out of the step clock (as Lightning's ThroughputMonitor does).
+statistic. Validation time is cut out of the step clock (as Lightning's ThroughputMonitor does), and
+the clock records nothing while validation batches pass through the hooks.
 """
 
 from __future__ import annotations
@@ -29,9 +36,11 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
+from drivebench.perf.clock import CKPT, FETCHED, GPU_PREPROCESS, H2D, LOADER_NEXT, RecordsSteps, StepClock
 from drivebench.perf.loader_wait import LoaderWaitProfiler
-from drivebench.perf.spans import SPANS
 from drivebench.perf.system import SystemMonitor
+
+TAG_GROUP = "perf"  # every phase's per-step scalars: perf/<name>, under the phase's prefix in TensorBoard
 
 
 @dataclass
@@ -75,8 +84,9 @@ class StepTimer(pl.Callback):
     """Record a :class:`StepRecord` per training step and log ``perf/*`` scalars to the logger.
 
     Args:
-        phase: name used as the TensorBoard prefix (``perf`` for training, ``ceiling`` for the
-            ceiling phase) and in the summary.
+        phase: the name of the timed phase (:attr:`PhaseTimes.name`: ``train``, ``ceiling``). The
+            TensorBoard tags are ``perf/*`` in every phase; the phase's logger puts the phase in
+            front (``fit/perf/*``, ``ceiling/perf/*``: ``drivebench.bench.phase_logger``).
         warmup_steps: the first steps, flagged and excluded from statistics.
         sync_each_step: synchronise the device at every step end (exact attribution, at the cost of
             the overlap between consecutive steps); off by default.
@@ -107,6 +117,7 @@ class StepTimer(pl.Callback):
         self.monitor = monitor
         self.profiled_steps = profiled_steps
         self.times = PhaseTimes(phase)
+        self.clock = StepClock()  # handed to the trainer's recorders in setup(), read per step
         self._use_cuda = False
         self._loader_timed = False
         self._t_prev_end = 0.0
@@ -117,12 +128,21 @@ class StepTimer(pl.Callback):
         self._n_steps = 0
 
     # ---- lifecycle ---------------------------------------------------------------------------
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        for part in _recorders(trainer):
+            part.use_step_clock(self.clock)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        for part in _recorders(trainer):
+            part.use_step_clock(None)
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._use_cuda = pl_module.device.type == "cuda"
-        self._loader_timed = isinstance(trainer.profiler, LoaderWaitProfiler)
-        SPANS.enabled = True
-        SPANS.use_cuda_events = self._use_cuda
-        SPANS.pop()
+        profiler = trainer.profiler
+        self._loader_timed = isinstance(profiler, LoaderWaitProfiler) and profiler.step_clock is self.clock
+        self.clock.enabled = True
+        self.clock.use_cuda_events = self._use_cuda
+        self.clock.pop()
         if self.monitor is not None:
             self.monitor.start()
         now = time.perf_counter()
@@ -134,17 +154,19 @@ class StepTimer(pl.Callback):
             torch.cuda.synchronize()
         self._harvest(block=True)
         self.times.ended = time.perf_counter()
-        SPANS.enabled = False
+        self.clock.enabled = False
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             return
         self._t_val_start = time.perf_counter()
+        self.clock.enabled = False  # validation batches' copies and transforms are no step's
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._t_val_start is not None:
             self._t_prev_end += time.perf_counter() - self._t_val_start
             self._t_val_start = None
+            self.clock.enabled = True
 
     # ---- per step ----------------------------------------------------------------------------
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
@@ -169,11 +191,11 @@ class StepTimer(pl.Callback):
             if self.sync_each_step:
                 end_event.synchronize()
         t_end = time.perf_counter()
-        marks, durations, cuda_spans = SPANS.pop()
-        fetched = marks.get("fetched", self._t_batch_start)
-        ckpt = durations.get("ckpt", 0.0)
+        marks, durations, cuda_spans = self.clock.pop()
+        fetched = marks.get(FETCHED, self._t_batch_start)
+        ckpt = durations.get(CKPT, 0.0)
         gap = max(fetched - self._t_prev_end - ckpt, 0.0)
-        data_wait = min(durations.get("loader_next", 0.0), gap) if self._loader_timed else gap
+        data_wait = min(durations.get(LOADER_NEXT, 0.0), gap) if self._loader_timed else gap
         record = StepRecord(
             step=self._n_steps,
             warmup=self._n_steps < self.warmup_steps,
@@ -181,8 +203,8 @@ class StepTimer(pl.Callback):
             samples=_batch_size(pl_module, batch),
             step_s=t_end - self._t_prev_end,
             data_wait_s=data_wait,
-            h2d_s=durations.get("h2d", 0.0),
-            gpu_preprocess_s=durations.get("gpu_preprocess", 0.0),
+            h2d_s=durations.get(H2D, 0.0),
+            gpu_preprocess_s=durations.get(GPU_PREPROCESS, 0.0),
             compute_s=t_end - self._t_batch_start,
             ckpt_s=ckpt,
             loop_overhead_s=gap - data_wait,
@@ -192,7 +214,7 @@ class StepTimer(pl.Callback):
         self._n_steps += 1
         self.times.records.append(record)
         if end_event is not None and self._step_events is not None:
-            self._pending.append((record, self._step_events, end_event, cuda_spans.get("h2d"), loss_host))
+            self._pending.append((record, self._step_events, end_event, cuda_spans.get(H2D), loss_host))
             self._harvest(block=False)
         elif loss_host is not None:
             record.loss = float(loss_host)
@@ -220,7 +242,7 @@ class StepTimer(pl.Callback):
     def _log(self, trainer: pl.Trainer, record: StepRecord) -> None:
         if trainer.logger is None:
             return
-        p = self.phase
+        p = TAG_GROUP
         metrics = {
             f"{p}/step_time_s": record.step_s,
             f"{p}/data_wait_s": record.data_wait_s,
@@ -232,6 +254,8 @@ class StepTimer(pl.Callback):
         }
         if record.gpu_preprocess_s:
             metrics[f"{p}/gpu_preprocess_s"] = record.gpu_preprocess_s
+        if record.ckpt_s:
+            metrics[f"{p}/ckpt_blocking_s"] = record.ckpt_s
         done = [r for r in self.times.records[-8:] if r.device_compute_s is not None]
         if done:
             metrics[f"{p}/device_compute_s"] = done[-1].device_compute_s
@@ -244,6 +268,13 @@ class StepTimer(pl.Callback):
         if torch.cuda.is_available() and self._use_cuda:
             metrics[f"{p}/gpu_mem_allocated_gb"] = torch.cuda.memory_allocated() / 2**30
         trainer.logger.log_metrics(metrics, step=trainer.global_step)
+
+
+def _recorders(trainer: pl.Trainer) -> list[RecordsSteps]:
+    """The parts of ``trainer`` that record into a step clock: its profiler, its datamodule, its
+    callbacks and its checkpoint IO plugin (whichever of them implement :class:`RecordsSteps`)."""
+    parts = [trainer.profiler, trainer.datamodule, trainer.strategy.checkpoint_io, *trainer.callbacks]
+    return [part for part in parts if isinstance(part, RecordsSteps)]
 
 
 def _batch_size(pl_module: pl.LightningModule, batch: Any) -> int:

@@ -1,13 +1,22 @@
-"""A run's TensorBoard scalars as one long table, with each event file's phase told apart.
+"""A run's TensorBoard scalars as one long table: ``phase`` (train, validation, ceiling), ``tag``, ``step``.
 
-A run writes one event file per Lightning Trainer: the training phase (``perf/*``, ``train/*``, and
-``val/*`` when validating during fit), the end-of-run validation (``val/*`` only, at step 0 of its
-own trainer) and the ceiling phase (``ceiling/*`` plus the ceiling's own ``train/*`` losses, which
-restart at step 0). Files are classified by their tags so that a training curve never mixes in the
-ceiling's steps, and the end-of-run validation is placed at the last training step.
+Two layouts are read, to the same table:
 
-Time runs from the start of training: the first measured-or-warm-up step's end time minus its
-duration (``perf/step_time_s``), so ``elapsed_s`` is wall time since the first step began.
+* one event stream per run, the phase at the head of every tag (``drivebench.bench.phase_logger``):
+  ``fit/perf/*``, ``fit/train/*``, ``fit/val/*`` (train phase), ``ceiling/perf/*`` and
+  ``ceiling/train/*`` (ceiling), ``validate/val/*`` (the end-of-run validation, logged at the last
+  training step). The phase is read from the tag and the tag is given back without it, the
+  ceiling's step clock as ``ceiling/<name>``, as the older layout wrote it;
+* one event file per Lightning Trainer (runs before the single stream, e.g. under
+  ``experiments/results/``): the training phase (``perf/*``, ``train/*``, and ``val/*`` when
+  validating during fit), the end-of-run validation (``val/*`` only, at step 0 of its own trainer)
+  and the ceiling (``ceiling/*`` plus the ceiling's own ``train/*`` losses, which restart at step
+  0). Such files are classified by their tags, so a training curve never mixes in the ceiling's steps.
+
+A file is of the first layout when a tag starts with ``fit/``, ``validate/`` or ``ceiling/perf/``,
+which the older layout never wrote. Either way the end-of-run validation is placed at the last
+training step. Time runs from the start of training: the first step's end time minus its duration
+(``perf/step_time_s``), so ``elapsed_s`` is wall time since the first step began.
 """
 
 from __future__ import annotations
@@ -19,9 +28,13 @@ import pandas as pd
 
 COLUMNS = ["phase", "tag", "step", "value", "wall_time", "elapsed_s", "file"]
 TRAIN, VALIDATION, CEILING, OTHER = "train", "validation", "ceiling", "other"
+# the phase prefix of a tag in the one-stream layout -> the report's phase name
+STREAM_PHASES = {"fit": TRAIN, "validate": VALIDATION, "ceiling": CEILING}
+CLOCK_GROUP = "perf/"  # the step timer's tags (drivebench.perf.callback.TAG_GROUP)
 
 
 def file_phase(tags: list[str]) -> str:
+    """The phase of an event file of the per-Trainer layout, from its tags."""
     if any(t.startswith("ceiling/") for t in tags):
         return CEILING
     if any(t.startswith("perf/") for t in tags):
@@ -29,6 +42,23 @@ def file_phase(tags: list[str]) -> str:
     if any(t.startswith("val/") for t in tags):
         return VALIDATION
     return OTHER
+
+
+def is_phase_stream(tags: list[str]) -> bool:
+    """Whether the file is of the one-stream layout (every tag led by its phase)."""
+    return any(t.startswith(("fit/", "validate/", f"ceiling/{CLOCK_GROUP}")) for t in tags)
+
+
+def split_phase_tag(tag: str) -> tuple[str, str]:
+    """``fit/perf/step_time_s`` -> (``train``, ``perf/step_time_s``); ``ceiling/perf/x`` -> (``ceiling``,
+    ``ceiling/x``); a tag without a known phase prefix -> (``other``, the tag)."""
+    head, _, rest = tag.partition("/")
+    phase = STREAM_PHASES.get(head)
+    if phase is None or not rest:
+        return OTHER, tag
+    if phase == CEILING and rest.startswith(CLOCK_GROUP):
+        return CEILING, "ceiling/" + rest.removeprefix(CLOCK_GROUP)
+    return phase, rest
 
 
 def _read_file(path: Path) -> pd.DataFrame:
@@ -42,8 +72,12 @@ def _read_file(path: Path) -> pd.DataFrame:
     except ValueError:  # the accumulator skips unreadable records silently: no event at all means garbage
         raise ValueError("no readable event in the file") from None
     tags = acc.Tags().get("scalars", [])
-    phase = file_phase(tags)
-    rows = [(phase, tag, int(e.step), float(e.value), float(e.wall_time), str(path))
+    if is_phase_stream(tags):
+        named = {tag: split_phase_tag(tag) for tag in tags}
+    else:
+        phase = file_phase(tags)
+        named = {tag: (phase, tag) for tag in tags}
+    rows = [(*named[tag], int(e.step), float(e.value), float(e.wall_time), str(path))
             for tag in tags for e in acc.Scalars(tag)]
     return pd.DataFrame(rows, columns=["phase", "tag", "step", "value", "wall_time", "file"])
 

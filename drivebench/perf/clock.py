@@ -1,22 +1,35 @@
-"""Timestamps marked inside Lightning's batch hooks, read back by the perf callback.
+"""The step clock: marks and spans of the step in flight, written by what the step passes through.
 
-Why a module-level recorder: Lightning has no callback hook between "the loader returned a batch"
-and "the batch is on the device"; the LightningModule's batch hooks see those moments, so they
-mark them here, and ``perf.callback.StepTimer`` (which owns all the arithmetic) reads and clears
-them once per step. Marking is a dict write; nothing here synchronises the device.
+Why an object handed around: Lightning has no callback hook between "the loader returned a batch"
+and "the batch is on the device", nor around the loader's ``next()`` or a checkpoint write. The
+parts that see those moments (the datamodule's batch-transfer hooks, the loader-wait profiler, the
+checkpoint callback) record into one :class:`StepClock`. Its owner,
+:class:`~drivebench.perf.callback.StepTimer`, hands it to them when its trainer is set up
+(:class:`RecordsSteps`), takes it back at teardown, and reads and clears it once per step; all the
+arithmetic is the timer's. Recording is a dict write; nothing here synchronises the device.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Protocol, runtime_checkable
 
 import torch
 
+FETCHED = "fetched"  # mark: the loader's batch reached the batch-transfer hooks
+LOADER_NEXT = "loader_next"  # host time blocked in the train loader's next()
+H2D = "h2d"  # span: the host-to-device copy
+GPU_PREPROCESS = "gpu_preprocess"  # span: the device transform
+CKPT = "ckpt"  # span: a checkpoint save inside the step interval
 
-class StepSpans:
-    """Wall-clock marks and device-timed spans for the step in flight."""
+
+class StepClock:
+    """Wall-clock marks and host/device-timed spans of the step in flight.
+
+    A new clock is off: it records nothing until its owner turns it on (``enabled``), so a part that
+    was never handed a timer's clock can keep a clock of its own and call it unconditionally.
+    """
 
     def __init__(self) -> None:
         self.enabled = False
@@ -61,4 +74,9 @@ class StepSpans:
         return out
 
 
-SPANS = StepSpans()
+@runtime_checkable
+class RecordsSteps(Protocol):
+    """A part of a trainer that records into a step clock (the datamodule, the profiler, callbacks)."""
+
+    def use_step_clock(self, clock: StepClock | None) -> None:
+        """Record into ``clock`` from now on; ``None``: into a clock of one's own, which is off."""
