@@ -100,7 +100,7 @@ def scalars(run_dir: Path, tag: str) -> dict[int, float]:
 
 
 def losses(run_dir: Path) -> dict[int, float]:
-    return scalars(run_dir, "train/loss")
+    return scalars(run_dir, "fit/train/loss")  # the training phase's (the ceiling logs ceiling/train/loss)
 
 
 def assert_same_losses(resumed: dict[int, float], baseline: dict[int, float], first_step: int, last_step: int) -> None:

@@ -121,7 +121,7 @@ def test_kill_during_checkpoint_write_then_resume_from_another_run_dir(root, cac
     for save in ckpts["each"]:
         assert save["bytes"] > 100_000 and save["write_s"] > 0 and save["blocking_s"] >= save["write_s"]
         assert save["mb_per_s"] == pytest.approx(save["bytes"] / 2**20 / save["write_s"])
-    for tag in ("perf/ckpt_blocking_s", "perf/ckpt_write_s", "perf/ckpt_mb_per_s", "perf/ckpt_mb"):
+    for tag in ("fit/perf/ckpt_blocking_s", "fit/perf/ckpt_write_s", "fit/perf/ckpt_mb_per_s", "fit/perf/ckpt_mb"):
         assert sorted(scalars(run_dir, tag)) == [8, 12], tag
     # the step timer books the save after step 8 as checkpoint time of the next step, not as data wait
     train_phase = result["train"]

@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from drivebench.data.device_prefetch import READY_KEY, DevicePrefetchLoader
+from drivebench.data.device_transfer import DeviceTransferDataModule
 from drivebench.data.sampling import RandomBatchSampler
 from drivebench.lit.base import DriveModule
 
@@ -71,31 +72,41 @@ class Recorder(DriveModule):
     def __init__(self) -> None:
         super().__init__(torch.nn.Linear(3, 1), optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
         self.seen: list[list[int]] = []
-        self.transformed_again = 0
-        self.device_transform = self._count
-
-    def _count(self, batch: dict) -> dict:
-        self.transformed_again += 1
-        return batch
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         self.seen.append(batch["idx"].tolist())
         return self.net(batch["x"]).mean()
 
 
+class Prefetched(DeviceTransferDataModule):
+    """The datamodule's transfer hooks over a prefetch wrapper; its own device transform counts calls."""
+
+    def __init__(self, make_loader) -> None:
+        super().__init__(device_transform=self._count)
+        self.make_loader = make_loader
+        self.transformed_again = 0
+
+    def _count(self, batch: dict) -> dict:
+        self.transformed_again += 1
+        return batch
+
+    def train_dataloader(self) -> DevicePrefetchLoader:
+        return DevicePrefetchLoader(self.make_loader(), torch.device("cpu"), self.move_batch, double)
+
+
 def test_lightning_sets_the_epoch_through_the_wrapper_and_skips_the_second_transform():
     module = Recorder()
-    wrapped = DevicePrefetchLoader(loader(seed=3), torch.device("cpu"), module.move_batch, double)
+    data = Prefetched(lambda: loader(seed=3))
     trainer = pl.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(module, train_dataloaders=wrapped)
+    trainer.fit(module, datamodule=data)
     sampler = RandomBatchSampler(24, 4, seed=3)
     expected = []
     for epoch in (0, 1):
         sampler.set_epoch(epoch)
         expected += [list(b) for b in sampler]
     assert module.seen == expected  # epoch 1 reshuffled: Lightning reached set_epoch through the wrapper
-    assert module.transformed_again == 0  # prefetched batches are not transformed a second time
+    assert data.transformed_again == 0  # prefetched batches are not transformed a second time
 
 
 @pytest.mark.gpu
@@ -123,10 +134,10 @@ def test_the_wrapper_over_an_epoch_stream_keeps_epochs_and_one_iterator():
     module = Recorder()
     stream = EpochStream(RandomBatchSampler(24, 4, seed=3),
                          lambda bs: DataLoader(Indexed(), batch_sampler=bs, collate_fn=collate), keyed=False)
-    wrapped = DevicePrefetchLoader(stream, torch.device("cpu"), module.move_batch, double)
+    data = Prefetched(lambda: stream)
     trainer = pl.Trainer(accelerator="cpu", max_epochs=3, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(module, train_dataloaders=wrapped)
+    trainer.fit(module, datamodule=data)
     sampler = RandomBatchSampler(24, 4, seed=3)
     expected = []
     for epoch in (0, 1, 2):

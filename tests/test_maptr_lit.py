@@ -8,6 +8,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
+from drivebench.data.device_transfer import DeviceTransferDataModule
 from drivebench.lit.maptr import MapTRModule
 from drivebench.models import create_model
 from drivebench.models.maptr.geometry import normalize_points
@@ -94,9 +95,8 @@ def test_lightning_fit_and_validate_run(tmp_path):
 
 def test_jpeg_bytes_stay_on_the_host_while_the_rest_moves():
     """nvjpeg reads host buffers: shipping the bytes to the device would need a blocking copy back."""
-    module = _module()
     jpegs = [[torch.randint(0, 255, (100,), dtype=torch.uint8) for _ in range(2)]]
     batch = {"img_jpeg": jpegs, "lidar2img": torch.eye(4)[None, None].repeat(1, 2, 1, 1)}
-    moved = module.transfer_batch_to_device(batch, torch.device("meta"), 0)
+    moved = DeviceTransferDataModule().transfer_batch_to_device(batch, torch.device("meta"), 0)
     assert moved["lidar2img"].device.type == "meta"
     assert moved["img_jpeg"] is jpegs and all(t.device.type == "cpu" for t in moved["img_jpeg"][0])

@@ -47,14 +47,14 @@ def summaries(sweep) -> dict[str, dict]:
 
 
 def _train_loss(run_dir: Path) -> pd.DataFrame:
-    """train/loss of the training phase, read with tbparse (the ceiling's file also logs train/loss)."""
+    """train/loss of the training phase, read with tbparse: ``fit/train/loss`` of the run's one event
+    stream (the ceiling's losses are ``ceiling/train/loss`` there)."""
     from tbparse import SummaryReader
 
     frames = []
     for event_file in sorted((run_dir / "tb").glob("events.out.tfevents.*")):
         data = SummaryReader(str(event_file)).scalars
-        if data["tag"].str.startswith("perf/").any():
-            frames.append(data[data["tag"] == "train/loss"])
+        frames.append(data[data["tag"] == "fit/train/loss"])
     return pd.concat(frames).sort_values("step")
 
 

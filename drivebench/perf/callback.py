@@ -254,8 +254,6 @@ class StepTimer(pl.Callback):
         }
         if record.gpu_preprocess_s:
             metrics[f"{p}/gpu_preprocess_s"] = record.gpu_preprocess_s
-        if record.ckpt_s:
-            metrics[f"{p}/ckpt_blocking_s"] = record.ckpt_s
         done = [r for r in self.times.records[-8:] if r.device_compute_s is not None]
         if done:
             metrics[f"{p}/device_compute_s"] = done[-1].device_compute_s
