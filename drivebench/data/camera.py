@@ -11,8 +11,8 @@ calls :meth:`CameraPipeline.build` per split with the resolved accel knobs:
 * ``device_transform``: ``images`` leaves photometric distortion / normalisation (/ scale, pad) to
   the device, ``decode`` also the JPEG decode (nvjpeg) and the resize/crop warp.
 
-:meth:`device_transform_for` gives the batch-level transform the LightningModule runs after the
-host-to-device copy.
+:meth:`device_transform_for` gives the batch-level transform the datamodule runs after the
+host-to-device copy (``drivebench.data.device_transfer``).
 """
 
 from __future__ import annotations

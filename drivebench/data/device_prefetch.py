@@ -24,7 +24,7 @@ import torch
 
 from drivebench.perf.stats import describe
 
-READY_KEY = "_device_ready"  # set on prefetched batches: the module must not transform them again
+READY_KEY = "_device_ready"  # set on prefetched batches: the datamodule must not transform them again
 _END = object()
 
 
