@@ -261,3 +261,21 @@ def test_bad_arguments_are_refused():
         StepTimer(warmup_steps=-1)
     with pytest.raises(ValueError, match="log_every_n_steps"):
         StepTimer(log_every_n_steps=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_datamodule_times_the_copy_and_the_step_with_events():
+    module = ToyModule(SlowModel(0.0), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    transform = SleepyTransform(0.0)
+    timer = StepTimer("train", warmup_steps=0)
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=4, logger=False, callbacks=[timer],
+                         limit_val_batches=0, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    data = SlowData(transform)
+    trainer.fit(module, datamodule=data)
+    records = timer.times.records
+    assert len(records) == 4 and transform.calls == 4
+    assert all(r.device_h2d_s is not None and r.device_h2d_s >= 0 for r in records)  # the datamodule's h2d span
+    assert all(r.device_compute_s is not None and r.device_compute_s > 0 for r in records)
+    assert all(r.loss is not None for r in records)
