@@ -195,7 +195,8 @@ class TrainBench:
             summary["data"]["epoch_stream"] = {"iterator_starts": prefetch.iterator_starts, "next_batch": list(prefetch.position)}
         summary["train"] = phase_stats(timer.times, monitor)
         if profiler is not None and trainer.is_global_zero:
-            summary["profile"] = profiler.summarise(timer.times, monitor, logger, trainer.global_step)
+            summary["profile"] = profiler.summarise(timer.times, monitor, phase_logger(logger, FIT),
+                                                    trainer.global_step)
         if freeze is not None:
             summary["train"]["gc_freeze"] = freeze.summary()
         if trainer.world_size > 1:
