@@ -99,7 +99,7 @@ class StepTimer(pl.Callback):
 
     def __init__(
         self,
-        phase: str = "perf",
+        phase: str = "train",
         warmup_steps: int = 10,
         sync_each_step: bool = False,
         log_every_n_steps: int = 1,
