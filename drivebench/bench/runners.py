@@ -130,7 +130,9 @@ class TrainBench:
         if train.get("samples_per_s") and ceiling.get("samples_per_s"):
             summary["efficiency"] = (train.get("global_samples_per_s") or train["samples_per_s"]) / (
                 ceiling.get("global_samples_per_s") or ceiling["samples_per_s"])
-            summary["efficiency_note"] = efficiency_note(summary)
+            note = efficiency_note(summary)
+            if note is not None:  # only above 100% (docs/summary.md)
+                summary["efficiency_note"] = note
         summary["bottleneck"] = diagnose(summary)
         if run.compiled_units:
             summary["settings"]["compile_report"] = compile_report()
