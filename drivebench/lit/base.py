@@ -1,7 +1,9 @@
 """The shared LightningModule: a pure-PyTorch net, its loss and metrics, an optimizer from config.
 
 Subclasses (one per model, in ``drivebench.lit.<model>``) implement four small methods:
-``compute_loss``, ``update_metrics``, ``compute_metrics`` / ``reset_metrics`` and ``batch_size``.
+``compute_loss``, ``update_metrics``, ``compute_metrics`` and ``batch_size``; their validation
+metrics are torchmetrics ``Metric`` attributes, so Lightning moves them with the module and
+torchmetrics gathers their states over DDP ranks in ``compute``.
 Everything else (logging keys, optimizer/scheduler wiring, device-side preprocessing, the perf
 marks around the host-to-device copy) lives here once.
 """
@@ -16,10 +18,10 @@ import torch
 from torch import nn
 
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from torchmetrics import Metric
 
 from drivebench.accel.cuda_graphs import GraphedLoss
 from drivebench.data.device_prefetch import READY_KEY
-from drivebench.lit.metric_sync import merge_across_ranks
 from drivebench.perf.ceiling import ResidentBatch
 from drivebench.perf.spans import SPANS
 
@@ -75,11 +77,15 @@ class DriveModule(pl.LightningModule):
         """Accumulate validation metrics for one batch."""
 
     def compute_metrics(self) -> dict[str, float]:
-        """Return the validation metrics accumulated since the last reset."""
+        """Return the validation metrics accumulated since the last reset (from the metrics'
+        ``compute()``: under DDP, of every rank's samples)."""
         return {}
 
     def reset_metrics(self) -> None:
-        """Clear the validation accumulators."""
+        """Clear every validation metric (each torchmetrics ``Metric`` attribute of the module)."""
+        for module in self.modules():
+            if isinstance(module, Metric):
+                module.reset()
 
     def batch_size(self, batch: Any) -> int:
         """Number of samples (scenes) in ``batch``."""
@@ -133,16 +139,11 @@ class DriveModule(pl.LightningModule):
     def on_validation_epoch_start(self) -> None:
         self.reset_metrics()
 
-    def mergeable_metrics(self) -> list[Any]:
-        """Metrics with ``state()`` / ``merge()`` (``lit/metric_sync.py``): under DDP they are merged
-        over all ranks before ``compute_metrics``. A model whose metrics are all here gets the values
-        of the whole validation set; otherwise (empty list) per-rank values are averaged."""
-        return []
-
     def on_validation_epoch_end(self) -> None:
-        merged = merge_across_ranks(self.mergeable_metrics())
+        # every rank computes the same, global values (torchmetrics syncs the states in compute):
+        # averaging them again (sync_dist) would change nothing but cost a reduction per key
         for name, value in self.compute_metrics().items():
-            self.log(f"val/{name}", float(value), sync_dist=not merged)
+            self.log(f"val/{name}", float(value), sync_dist=False)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.run_config is not None:
