@@ -63,7 +63,7 @@ class RngState(pl.Callback):
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
-        """A checkpoint of drivebench before 2026-12 kept RNG and data position under ``drivebench``:
+        """A checkpoint written before the loader was stateful kept RNG and data position under ``drivebench``:
         restore its RNG states and hand its data position to Lightning's loop state, where the
         stateful loader reads it (Lightning restores the loops after the callbacks)."""
         legacy = checkpoint.get(LEGACY_KEY)
