@@ -23,7 +23,6 @@ import shapely
 import torch
 
 from drivebench.models.common.sample_records import SampleRecords
-
 from drivebench.polylines import resample
 
 MAP_CLASSES = ("divider", "ped_crossing", "boundary")
