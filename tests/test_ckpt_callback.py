@@ -1,5 +1,6 @@
-"""The Checkpointing callback inside small in-process Lightning fits: triggers, pruning, remote
-(``memory://``) stores, asynchronous writes and their failures, resume, and what gets logged.
+"""The Checkpointing trigger and the StorageCheckpointIO plugin inside small in-process Lightning
+fits: triggers, pruning, remote (``memory://``) stores, asynchronous writes and their failures,
+resume (Lightning restoring the stateful loader and the RNG callback), and what gets logged.
 
 ``memory://`` filesystems live in one process only, which is why these run in-process.
 """
@@ -21,12 +22,14 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from drivebench.ckpt.callback import Checkpointing
-from drivebench.ckpt.resume import readable_checkpoint
-from drivebench.ckpt.state import STATE_KEY
+from drivebench.ckpt.checkpoint_io import StorageCheckpointIO
+from drivebench.ckpt.state import RngState
 from drivebench.ckpt.store import CheckpointStore, CheckpointWriteError, checkpoint_name, step_of
+from drivebench.data.epoch_stream import EpochStream
 from drivebench.data.sampling import RandomBatchSampler
 from drivebench.errors import ConfigError
 from drivebench.perf.callback import StepTimer
+from test_ckpt_cli_helpers import loader_position
 
 SAMPLES, BATCH = 48, 8  # 6 batches per epoch
 
@@ -54,26 +57,20 @@ class Toy(pl.LightningModule):
 
 
 class ToyData(pl.LightningDataModule):
-    """Seeded sample order that can restart mid-epoch, like drivebench's datamodule."""
+    """Seeded sample order through drivebench's stateful training loader: Lightning resumes it mid-epoch."""
 
     def __init__(self) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(123)
         self.x = torch.randn(SAMPLES, 4, generator=g)
         self.y = self.x.sum(1, keepdim=True) + 0.1 * torch.randn(SAMPLES, 1, generator=g)
-        self._resume: tuple[int, int] | None = None
 
-    def resume_at(self, epoch: int, done: int) -> None:
-        self._resume = (epoch, done)
-
-    def train_dataloader(self) -> DataLoader:
-        sampler = RandomBatchSampler(SAMPLES, BATCH, seed=0)
-        if self._resume is not None:
-            sampler.set_epoch(self._resume[0])
-            sampler.skip_next(self._resume[1])
-            self._resume = None
-        return DataLoader(TensorDataset(self.x, self.y), batch_sampler=sampler,
-                          generator=torch.Generator().manual_seed(0))
+    def train_dataloader(self) -> EpochStream:
+        dataset = TensorDataset(self.x, self.y)
+        return EpochStream(RandomBatchSampler(SAMPLES, BATCH, seed=0),
+                           lambda batches: DataLoader(dataset, batch_sampler=batches,
+                                                      generator=torch.Generator().manual_seed(0)),
+                           keyed=False, across_epochs=False)
 
 
 class RecordingLogger(Logger):
@@ -99,18 +96,33 @@ class RecordingLogger(Logger):
         return {step: m[tag] for step, m in self.metrics if tag in m}
 
 
+def checkpointing(dir: str, keep_last_k: int = 2, async_write: bool = False,
+                  storage_options: dict[str, Any] | None = None, **triggers: Any) -> Checkpointing:
+    """The trigger with its IO (``ckpt.io``), as the runners build them; the IO is ``.io`` before setup too."""
+    ckpt = Checkpointing(**triggers)
+    ckpt.io = StorageCheckpointIO(dir, keep_last_k=keep_last_k, async_write=async_write,
+                                  storage_options=storage_options)
+    return ckpt
+
+
+def trainer_for(tmp_path: Path, ckpt: Checkpointing | None, callbacks: list[pl.Callback] = (),
+                **kwargs: Any) -> pl.Trainer:
+    """A CPU Trainer with the trigger, the RNG callback and the IO as a plugin (the runners' set-up)."""
+    kwargs.setdefault("max_epochs", -1)
+    return pl.Trainer(accelerator="cpu", devices=1, logger=kwargs.pop("logger", False),
+                      callbacks=[*callbacks, RngState(), *([ckpt] if ckpt is not None else [])],
+                      plugins=[ckpt.io if ckpt is not None else StorageCheckpointIO(None)],
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      use_distributed_sampler=False, num_sanity_val_steps=0, limit_val_batches=0,
+                      default_root_dir=str(tmp_path), **kwargs)
+
+
 def fit(tmp_path: Path, ckpt: Checkpointing | None, max_steps: int, ckpt_path: str | None = None,
         logger: Logger | bool = False, **trainer_kwargs: Any) -> tuple[Toy, pl.Trainer]:
     pl.seed_everything(7, verbose=False)
     module, data = Toy(), ToyData()
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=max_steps, max_epochs=-1, logger=logger,
-                         callbacks=[ckpt] if ckpt is not None else [], enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
-                         num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=str(tmp_path),
-                         **trainer_kwargs)
-    store = ckpt.store if ckpt is not None else None
-    with readable_checkpoint(ckpt_path, store) as local_path:
-        trainer.fit(module, datamodule=data, ckpt_path=local_path)
+    trainer = trainer_for(tmp_path, ckpt, max_steps=max_steps, logger=logger, **trainer_kwargs)
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)  # a remote path: read by the IO
     return module, trainer
 
 
@@ -121,16 +133,17 @@ def bucket() -> str:
 
 
 def test_remote_memory_store_writes_lists_prunes_and_finds_latest(tmp_path, bucket):
-    ckpt = Checkpointing(bucket, every_n_steps=2, keep_last_k=2)
+    ckpt = checkpointing(bucket, every_n_steps=2, keep_last_k=2)
     fit(tmp_path, ckpt, max_steps=7)
-    assert [s["step"] for s in ckpt.saves] == [2, 4, 6, 7]  # 7: save_last
+    assert [s["step"] for s in ckpt.io.saves] == [2, 4, 6, 7]  # 7: save_last
     store = CheckpointStore(bucket)
     assert [step for step, _ in store.list_steps()] == [6, 7]  # pruned to keep_last_k after each save
     latest = store.latest_complete()
-    assert latest == f"memory:///{bucket.split('://')[1]}/{checkpoint_name(7)}" == ckpt.saves[-1]["path"]
+    assert latest == f"memory:///{bucket.split('://')[1]}/{checkpoint_name(7)}" == ckpt.io.saves[-1]["path"]
     state = store.load(latest)
-    assert state["global_step"] == 7 and state[STATE_KEY]["global_step"] == 7
-    assert set(state) >= {"state_dict", "optimizer_states", "lr_schedulers", "loops", STATE_KEY}
+    assert state["global_step"] == 7 and "rng" in state["callbacks"]["RngState"]
+    assert set(state) >= {"state_dict", "optimizer_states", "lr_schedulers", "loops", "callbacks"}
+    assert loader_position(state) == (1, 1)  # 6 batches per epoch: the next batch is epoch 1's second
     assert ckpt.summary()["filesystem"]["kind"] == "fsspec:memory"
 
     # an object under a final name that does not load (a foreign upload, say) is skipped
@@ -139,10 +152,10 @@ def test_remote_memory_store_writes_lists_prunes_and_finds_latest(tmp_path, buck
 
 
 def test_resume_from_memory_url_repeats_the_uninterrupted_run(tmp_path, bucket):
-    straight, _ = fit(tmp_path, Checkpointing(bucket, every_n_steps=3, keep_last_k=0), max_steps=10)
+    straight, _ = fit(tmp_path, checkpointing(bucket, every_n_steps=3, keep_last_k=0), max_steps=10)
     first = f"{bucket}/{checkpoint_name(3)}"
     assert CheckpointStore(bucket).exists(first)
-    resumed, trainer = fit(tmp_path, Checkpointing(f"{bucket}-resumed", every_n_steps=3), max_steps=10,
+    resumed, trainer = fit(tmp_path, checkpointing(f"{bucket}-resumed", every_n_steps=3), max_steps=10,
                            ckpt_path=first)
     # steps 3..9 cross the epoch boundary at 6: same batches, same dropout masks, same schedule
     assert sorted(resumed.losses) == list(range(3, 10))
@@ -154,24 +167,24 @@ def test_resume_from_memory_url_repeats_the_uninterrupted_run(tmp_path, bucket):
 
 
 def test_async_writes_happen_on_a_background_thread_and_are_complete(tmp_path):
-    ckpt = Checkpointing(str(tmp_path / "ckpt"), every_n_steps=2, keep_last_k=0, async_write=True)
+    ckpt = checkpointing(str(tmp_path / "ckpt"), every_n_steps=2, keep_last_k=0, async_write=True)
     threads: list[str] = []
-    real_write = ckpt.store.write
+    real_write = ckpt.io.store.write
 
     def slow_write(name: str, checkpoint: dict[str, Any], fault: Any = None) -> Any:
         threads.append(threading.current_thread().name)
         time.sleep(0.05)
         return real_write(name, checkpoint, fault)
 
-    ckpt.store.write = slow_write
+    ckpt.io.store.write = slow_write
     logger = RecordingLogger()
     fit(tmp_path, ckpt, max_steps=6, logger=logger)
     assert threads and all(name.startswith("drivebench-ckpt") for name in threads)
-    assert [s["step"] for s in ckpt.saves] == [2, 4, 6]
-    for step, path in ckpt.store.list_steps():
-        state = ckpt.store.load(path)
+    assert [s["step"] for s in ckpt.io.saves] == [2, 4, 6]
+    for step, path in ckpt.io.store.list_steps():
+        state = ckpt.io.store.load(path)
         assert state["global_step"] == step
-    for save in ckpt.saves:
+    for save in ckpt.io.saves:
         assert save["async"] and save["blocking_s"] > 0 and save["write_s"] > 0 and save["bytes"] > 0
     # each save's figures are logged under the step it was taken at, once the write has completed
     assert sorted(logger.series("perf/ckpt_write_s")) == [2, 4, 6]
@@ -181,9 +194,9 @@ def test_async_writes_happen_on_a_background_thread_and_are_complete(tmp_path):
 def test_async_checkpoint_is_a_snapshot_not_the_live_weights(tmp_path):
     """Training goes on while the background thread writes: the file must hold the weights of the
     step it was taken at."""
-    ckpt = Checkpointing(str(tmp_path / "ckpt"), every_n_steps=2, keep_last_k=0, async_write=True, save_last=False)
+    ckpt = checkpointing(str(tmp_path / "ckpt"), every_n_steps=2, keep_last_k=0, async_write=True, save_last=False)
     release = threading.Event()
-    real_write = ckpt.store.write
+    real_write = ckpt.io.store.write
     snapshots: dict[int, dict[str, torch.Tensor]] = {}
 
     def gated_write(name: str, checkpoint: dict[str, Any], fault: Any = None) -> Any:
@@ -197,13 +210,11 @@ def test_async_checkpoint_is_a_snapshot_not_the_live_weights(tmp_path):
             if trainer.global_step == 3:
                 release.set()
 
-    ckpt.store.write = gated_write
+    ckpt.io.store.write = gated_write
     pl.seed_everything(7, verbose=False)
-    trainer = pl.Trainer(accelerator="cpu", max_steps=3, logger=False, callbacks=[Snapshot(), ckpt],
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         use_distributed_sampler=False, default_root_dir=str(tmp_path))
+    trainer = trainer_for(tmp_path, ckpt, callbacks=[Snapshot()], max_steps=3)
     trainer.fit(Toy(), datamodule=ToyData())
-    saved = ckpt.store.load(str(tmp_path / "ckpt" / checkpoint_name(2)))["state_dict"]
+    saved = ckpt.io.store.load(str(tmp_path / "ckpt" / checkpoint_name(2)))["state_dict"]
     for key, value in snapshots[2].items():
         assert torch.equal(saved[key], value), key
 
@@ -222,8 +233,8 @@ class FailingStore(CheckpointStore):
 
 
 def test_failed_background_write_is_raised_at_the_next_save(tmp_path):
-    ckpt = Checkpointing(str(tmp_path / "ckpt"), every_n_steps=2, async_write=True)
-    ckpt.store = FailingStore(str(tmp_path / "ckpt"), fail_from_step=4)
+    ckpt = checkpointing(str(tmp_path / "ckpt"), every_n_steps=2, async_write=True)
+    ckpt.io.store = FailingStore(str(tmp_path / "ckpt"), fail_from_step=4)
     seen: dict[str, Any] = {}
 
     class Watch(pl.Callback):
@@ -231,36 +242,32 @@ def test_failed_background_write_is_raised_at_the_next_save(tmp_path):
             seen["step"] = trainer.global_step
 
     pl.seed_everything(7, verbose=False)
-    trainer = pl.Trainer(accelerator="cpu", max_steps=20, logger=False, callbacks=[ckpt, Watch()],
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         use_distributed_sampler=False, default_root_dir=str(tmp_path))
+    trainer = trainer_for(tmp_path, ckpt, callbacks=[Watch()], max_steps=20)
     with pytest.raises(CheckpointWriteError, match=r"step-00000004\.ckpt failed"):
         trainer.fit(Toy(), datamodule=ToyData())
     assert seen["step"] == 6  # the write of step 4 failed in the background; the save at 6 raised it
-    assert [step for step, _ in ckpt.store.list_steps()] == [2]
+    assert [step for step, _ in ckpt.io.store.list_steps()] == [2]
 
 
 def test_failed_final_background_write_is_raised_when_training_ends(tmp_path):
-    ckpt = Checkpointing(str(tmp_path / "ckpt"), every_n_steps=None, save_last=True, async_write=True)
-    ckpt.store = FailingStore(str(tmp_path / "ckpt"), fail_from_step=0)
+    ckpt = checkpointing(str(tmp_path / "ckpt"), every_n_steps=None, save_last=True, async_write=True)
+    ckpt.io.store = FailingStore(str(tmp_path / "ckpt"), fail_from_step=0)
     with pytest.raises(CheckpointWriteError, match=r"step-00000005\.ckpt failed"):
         fit(tmp_path, ckpt, max_steps=5)
 
 
 def test_step_timer_books_save_time_as_checkpoint_time_not_data_wait(tmp_path):
     timer = StepTimer("perf", warmup_steps=0)
-    ckpt = Checkpointing(str(tmp_path / "ckpt"), every_n_steps=2, keep_last_k=0)
-    real_write = ckpt.store.write
+    ckpt = checkpointing(str(tmp_path / "ckpt"), every_n_steps=2, keep_last_k=0)
+    real_write = ckpt.io.store.write
 
     def slow_write(name: str, checkpoint: dict[str, Any], fault: Any = None) -> Any:
         time.sleep(0.3)  # slow storage
         return real_write(name, checkpoint, fault)
 
-    ckpt.store.write = slow_write
+    ckpt.io.store.write = slow_write
     pl.seed_everything(7, verbose=False)
-    trainer = pl.Trainer(accelerator="cpu", max_steps=6, logger=False, callbacks=[timer, ckpt],  # the runners' order
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         use_distributed_sampler=False, default_root_dir=str(tmp_path))
+    trainer = trainer_for(tmp_path, ckpt, callbacks=[timer], max_steps=6)  # the runners' order
     trainer.fit(Toy(), datamodule=ToyData())
     records = timer.times.records
     assert len(records) == 6
@@ -268,7 +275,7 @@ def test_step_timer_books_save_time_as_checkpoint_time_not_data_wait(tmp_path):
         assert records[index].ckpt_s >= 0.3 and records[index].step_s >= 0.3
         assert records[index].data_wait_s < 0.1  # the in-memory loader is instant: no storage time here
     assert all(r.ckpt_s == 0.0 for i, r in enumerate(records) if i not in (2, 4))
-    assert len(ckpt.saves) == 3 and all(s["blocking_s"] >= 0.3 for s in ckpt.saves)
+    assert len(ckpt.io.saves) == 3 and all(s["blocking_s"] >= 0.3 for s in ckpt.io.saves)
 
 
 def test_every_n_minutes_counts_training_time(tmp_path):
@@ -278,51 +285,47 @@ def test_every_n_minutes_counts_training_time(tmp_path):
         def on_train_batch_start(self, *args: Any) -> None:
             now[0] += 25.0
 
-    ckpt = Checkpointing(str(tmp_path / "ckpt"), every_n_minutes=1, save_last=False, keep_last_k=0,
+    ckpt = checkpointing(str(tmp_path / "ckpt"), every_n_minutes=1, save_last=False, keep_last_k=0,
                          clock=lambda: now[0])
     now[0] += 3600  # set-up time before training does not count
     pl.seed_everything(7, verbose=False)
-    trainer = pl.Trainer(accelerator="cpu", max_steps=9, logger=False, callbacks=[Clock(), ckpt],
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         use_distributed_sampler=False, default_root_dir=str(tmp_path))
+    trainer = trainer_for(tmp_path, ckpt, callbacks=[Clock()], max_steps=9)
     trainer.fit(Toy(), datamodule=ToyData())
-    assert [s["step"] for s in ckpt.saves] == [3, 6, 9]  # 75 s >= 1 min after each previous save
+    assert [s["step"] for s in ckpt.io.saves] == [3, 6, 9]  # 75 s >= 1 min after each previous save
 
 
 def test_every_n_minutes_with_a_tiny_interval_saves_every_step(tmp_path):
-    ckpt = Checkpointing(str(tmp_path / "ckpt"), every_n_minutes=1e-6, save_last=False, keep_last_k=0)
+    ckpt = checkpointing(str(tmp_path / "ckpt"), every_n_minutes=1e-6, save_last=False, keep_last_k=0)
     fit(tmp_path, ckpt, max_steps=4)
-    assert [s["step"] for s in ckpt.saves] == [1, 2, 3, 4]
+    assert [s["step"] for s in ckpt.io.saves] == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("keep", [1, 3])
 def test_keep_last_k_keeps_exactly_k(tmp_path, keep):
-    ckpt = Checkpointing(str(tmp_path / "ckpt"), every_n_steps=1, keep_last_k=keep)
+    ckpt = checkpointing(str(tmp_path / "ckpt"), every_n_steps=1, keep_last_k=keep)
     fit(tmp_path, ckpt, max_steps=5)
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [checkpoint_name(s) for s in range(6 - keep, 6)]
 
 
 def test_keep_last_k_zero_keeps_all(tmp_path):
-    ckpt = Checkpointing(str(tmp_path / "ckpt"), every_n_steps=1, keep_last_k=0)
+    ckpt = checkpointing(str(tmp_path / "ckpt"), every_n_steps=1, keep_last_k=0)
     fit(tmp_path, ckpt, max_steps=4)
-    assert [step for step, _ in ckpt.store.list_steps()] == [1, 2, 3, 4]
+    assert [step for step, _ in ckpt.io.store.list_steps()] == [1, 2, 3, 4]
 
 
 def test_saves_wait_for_the_end_of_gradient_accumulation(tmp_path):
-    ckpt = Checkpointing(str(tmp_path / "ckpt"), every_n_minutes=1e-6, save_last=False, keep_last_k=0)
+    ckpt = checkpointing(str(tmp_path / "ckpt"), every_n_minutes=1e-6, save_last=False, keep_last_k=0)
     fit(tmp_path, ckpt, max_steps=3, accumulate_grad_batches=2)
-    positions = [tuple(ckpt.store.load(p)[STATE_KEY]["data_position"]) for _, p in ckpt.store.list_steps()]
+    positions = [loader_position(ckpt.io.store.load(p)) for _, p in ckpt.io.store.list_steps()]
     assert positions == [(0, 2), (0, 4), (1, 0)]  # after whole optimizer steps only; 6 batches per epoch
 
 
 def test_unwritable_dir_fails_in_setup_before_any_step(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    ckpt = Checkpointing(str(blocker / "ckpt"), every_n_steps=1)
+    ckpt = checkpointing(str(blocker / "ckpt"), every_n_steps=1)
     module = Toy()
-    trainer = pl.Trainer(accelerator="cpu", max_steps=3, logger=False, callbacks=[ckpt], enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
-                         default_root_dir=str(tmp_path))
+    trainer = trainer_for(tmp_path, ckpt, max_steps=3)
     with pytest.raises(ConfigError, match=r"ckpt\.dir=.*/file/ckpt is not writable"):
         trainer.fit(module, datamodule=ToyData())
     assert module.losses == {}
@@ -333,4 +336,11 @@ def test_unwritable_dir_fails_in_setup_before_any_step(tmp_path):
                                          ({"keep_last_k": -2}, "keep_last_k")])
 def test_bad_settings_name_the_key(tmp_path, kwargs, key):
     with pytest.raises(ConfigError, match=rf"ckpt\.{key}="):
-        Checkpointing(str(tmp_path), **kwargs)
+        checkpointing(str(tmp_path), **kwargs)
+
+
+def test_the_trigger_needs_the_storage_io_on_the_trainer(tmp_path):
+    trainer = pl.Trainer(accelerator="cpu", max_steps=1, logger=False, callbacks=[Checkpointing(every_n_steps=1)],
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(TypeError, match=r"plugins=\[StorageCheckpointIO"):
+        trainer.fit(Toy(), datamodule=ToyData())

@@ -24,6 +24,13 @@ TRAIN = ["model=qcnet", "model.size=test", "data.size=mini", "accel=none", "benc
 LOSS_TOLERANCE = 1e-5  # absolute; observed: bit-identical (0.0) with one thread in every run
 
 
+def loader_position(checkpoint: dict[str, Any]) -> tuple[int, int]:
+    """(epoch, batches done) of the training loader as Lightning saved it in ``checkpoint`` (the
+    stateful loader's ``state_dict`` in the fit loop's state)."""
+    (state,) = checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    return int(state["epoch"]), int(state["batches_done"])
+
+
 def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One DRIVEBENCH_CACHE per pytest session (every module's fixture returns the same folder)."""
     path = tmp_path_factory.getbasetemp() / "drivebench-cache"

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from drivebench.ckpt.callback import FAULT_ENV
+from drivebench.ckpt.checkpoint_io import FAULT_ENV
 from drivebench.ckpt.store import CheckpointStore, step_of
-from test_ckpt_cli_helpers import assert_same_losses, losses, scalars, shared_cache, start_training, summary, train, wait_for
+from test_ckpt_cli_helpers import (assert_same_losses, loader_position, losses, scalars, shared_cache, start_training,
+                                   summary, train, wait_for)
 
 STEPS = 12  # the mini set has 8 training batches per epoch: resumes land mid-epoch and on an epoch's end
 EVERY = 4
@@ -70,8 +71,8 @@ def test_sigkill_mid_run_then_resume_auto_matches_uninterrupted_run(root, cache,
     latest = store.latest_complete()
     assert latest == str(ckpt_dir / "step-00000008.ckpt"), "the kill came later than four steps after the save?"
     state = store.load(latest)
-    assert state["global_step"] == 8 and state["drivebench"]["global_step"] == 8
-    assert tuple(state["drivebench"]["data_position"]) == (1, 0)  # the next batch is the second epoch's first
+    assert state["global_step"] == 8 and "rng" in state["callbacks"]["RngState"]
+    assert loader_position(state) == (1, 0)  # the next batch is the second epoch's first
 
     run_dir = root / "killed-resumed"  # asynchronous writes this time
     train(run_dir, cache, f"ckpt.dir={ckpt_dir}", f"ckpt.every_n_steps={EVERY}", "ckpt=async", "resume=auto",

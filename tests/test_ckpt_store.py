@@ -19,9 +19,9 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-from drivebench.ckpt.callback import HostStager
-from drivebench.ckpt.resume import find_resume_checkpoint, readable_checkpoint
-from drivebench.ckpt.state import rng_state, set_rng_state
+from drivebench.ckpt.checkpoint_io import HostStager, StorageCheckpointIO
+from drivebench.ckpt.resume import find_resume_checkpoint
+from drivebench.ckpt.state import RngState, rng_state, set_rng_state
 from drivebench.ckpt.store import CheckpointStore, CheckpointWriteError, checkpoint_name, step_of
 from drivebench.errors import ConfigError
 
@@ -240,12 +240,41 @@ def test_resume_explicit_paths_and_urls(tmp_path):
     assert find_resume_checkpoint(cfg(f"file://{local}", tmp_path), None) == local
 
 
-def test_remote_checkpoint_is_read_through_a_temporary_local_copy():
+def test_the_checkpoint_io_reads_remote_checkpoints_with_the_options_of_its_filesystem(tmp_path):
+    """Lightning reads ``ckpt_path`` through the Trainer's checkpoint IO: a URL on ckpt.dir's
+    filesystem with ckpt.storage_options (no local copy), a local path or file:// URL as it is."""
+    options = {"token": "sekrit-token"}
     url = f"memory://resume-{uuid.uuid4().hex[:8]}/run"
-    store = CheckpointStore(url, {"token": "sekrit-token"})
-    path = store.write(checkpoint_name(4), payload(4)).path
-    with readable_checkpoint(path, store) as local:
-        assert Path(local).is_file() and torch.load(local, weights_only=True)["global_step"] == 4
-    assert not Path(local).exists() and not Path(local).parent.exists()
-    with readable_checkpoint("/a/local/path.ckpt", store) as same:
-        assert same == "/a/local/path.ckpt"
+    path = CheckpointStore(url, options).write(checkpoint_name(4), payload(4)).path
+    reader = StorageCheckpointIO(f"memory://other-{uuid.uuid4().hex[:8]}", storage_options=options)
+    assert reader.load_checkpoint(path)["global_step"] == 4
+    local = CheckpointStore(str(tmp_path)).write(checkpoint_name(5), payload(5)).path
+    assert StorageCheckpointIO(None).load_checkpoint(local)["global_step"] == 5  # ckpt=none reads too
+    assert StorageCheckpointIO(None).load_checkpoint(f"file://{local}")["global_step"] == 5
+    with pytest.raises(ConfigError, match="ckpt=none writes no checkpoints"):
+        StorageCheckpointIO(None).save_checkpoint(payload(6), str(tmp_path / checkpoint_name(6)))
+
+
+def test_the_io_writes_only_inside_its_store_and_prunes_through_remove(tmp_path):
+    io = StorageCheckpointIO(str(tmp_path / "ckpt"), keep_last_k=2)
+    io.store.prepare()
+    for step in (1, 2, 3):
+        with io.blocking():
+            io.save_checkpoint(payload(step), io.path_for(step))
+    assert [step for step, _ in io.store.list_steps()] == [2, 3]
+    assert [s["step"] for s in io.saves] == [1, 2, 3] and all(s["blocking_s"] > 0 for s in io.saves)
+    with pytest.raises(ValueError, match="not in ckpt.dir"):
+        io.save_checkpoint(payload(4), str(tmp_path / "elsewhere" / checkpoint_name(4)))
+
+
+def test_a_checkpoint_of_the_older_layout_resumes_its_rng_and_data_position():
+    """Before the loader was stateful, RNG states and the data position lived under ``drivebench``:
+    RngState restores the former and hands the latter to Lightning's loop state."""
+    random.seed(11)
+    old = {"global_step": 4, "drivebench": {"rng": rng_state(), "data_position": (1, 3), "global_step": 4},
+           "loops": {"fit_loop": {"state_dict": {}}}}
+    expected = random.random()
+    random.seed(99)
+    RngState().on_load_checkpoint(None, None, old)
+    assert random.random() == expected
+    assert old["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": 1, "batches_done": 3}]

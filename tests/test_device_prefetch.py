@@ -147,3 +147,35 @@ def test_the_wrapper_over_an_epoch_stream_keeps_epochs_and_one_iterator():
     # Lightning iterates its loader once before training starts; the prefetch thread may already have
     # drawn a batch from that iterator, and then epoch 0 starts over once. No restarts after that.
     assert stream.iterator_starts <= 2
+
+
+def test_the_wrapper_reports_the_position_of_what_it_handed_out_not_of_what_it_drew():
+    """The thread draws ``depth`` batches ahead of the training loop: a checkpoint must resume after
+    the batches the loop got, so the wrapper's state is the stream's as of the last batch handed out."""
+    import time
+
+    from drivebench.data.epoch_stream import EpochStream
+
+    def stream():
+        return EpochStream(RandomBatchSampler(24, 4, seed=3),
+                           lambda bs: DataLoader(Indexed(), batch_sampler=bs, collate_fn=collate), keyed=False)
+
+    wrapped = DevicePrefetchLoader(stream(), torch.device("cpu"), move, None, depth=3)
+    assert wrapped.state_dict() == {"epoch": 0, "batches_done": 0}
+    it = iter(wrapped)
+    first = [next(it)["idx"].tolist() for _ in range(2)]
+    deadline = time.monotonic() + 20
+    # the thread fills its queue (3) and holds one more: the whole 6-batch epoch gets drawn
+    while wrapped.loader.state_dict() != {"epoch": 1, "batches_done": 0} and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert wrapped.loader.state_dict() == {"epoch": 1, "batches_done": 0}
+    assert wrapped.state_dict() == {"epoch": 0, "batches_done": 2}
+    rest = [b["idx"].tolist() for b in it]
+    wrapped.close()
+
+    resumed = DevicePrefetchLoader(stream(), torch.device("cpu"), move, None, depth=3)
+    resumed.load_state_dict({"epoch": 0, "batches_done": 2})
+    assert [b["idx"].tolist() for b in resumed] == rest
+    assert resumed.state_dict() == {"epoch": 1, "batches_done": 0}
+    assert first + rest == [b for b in RandomBatchSampler(24, 4, seed=3)]
+    resumed.close()

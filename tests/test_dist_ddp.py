@@ -171,7 +171,33 @@ def test_ddp_runs_every_phase_train_ceiling_and_validation(drivebench, tmp_path)
     check_ranks(summary)
     assert summary["ceiling"]["global_samples_per_s"] > 0 and summary["efficiency"] > 0
     assert "loss" in summary["val"]
+    assert 0.0 <= summary["val"]["mAP"] <= 1.0  # the chamfer AP, its states gathered from both ranks
     assert sorted(r["rank"] for r in records(probe, "pg")) == [0, 1]  # the group was set up once per rank
+
+
+def test_ddp_checkpoints_and_resume_mid_epoch_on_every_rank(drivebench, tmp_path):
+    """Every rank takes each save (Lightning's save has a barrier; the every_n_minutes decision is
+    rank 0's, broadcast), rank 0 writes; a resumed DDP run gives every rank the batches it would
+    have had next (the loader position in the checkpoint is rank 0's, the same on every rank)."""
+    ckpt_dir = tmp_path / "ckpt"
+    no_ckpt = [o for o in RUN if o != "ckpt=none"]
+    first = tmp_path / "first"
+    result, probe, _ = drivebench([*no_ckpt, *DDP, "ckpt=async", f"ckpt.dir={ckpt_dir}", "ckpt.every_n_minutes=1e-6",
+                                   "ckpt.keep_last_k=0", f"hydra.run.dir={first}"], cwd=first.parent / "a")
+    assert result.returncode == 0, result.stderr[-3000:]
+    saves = json.loads((first / "summary.json").read_text())["checkpoints"]
+    assert [s["step"] for s in saves["each"]] == [1, 2, 3, 4, 5, 6]  # a save after every step
+    straight = {r["rank"]: r["batches"] for r in records(probe, "samples")}
+
+    resumed_dir = tmp_path / "resumed"
+    result, probe, _ = drivebench([*RUN, *DDP, f"resume={ckpt_dir / 'step-00000003.ckpt'}",
+                                   f"hydra.run.dir={resumed_dir}"], cwd=tmp_path / "b")
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = {r["rank"]: r["batches"] for r in records(probe, "samples")}
+    assert sorted(resumed) == [0, 1]
+    for rank in (0, 1):
+        assert straight[rank][2]["epoch"] == straight[rank][3]["epoch"], "step 3 should be mid-epoch"
+        assert resumed[rank] == straight[rank][3:], f"rank {rank} resumed elsewhere"
 
 
 def test_torchrun_one_run_dir_under_outputs_root(drivebench, tmp_path):

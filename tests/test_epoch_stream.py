@@ -1,7 +1,10 @@
-"""``accel.prefetch_across_epochs``: one loader iterator over all epochs gives exactly the batches of
-the epoch-by-epoch loader, resumes mid-epoch, and follows Lightning's epochs."""
+"""The training loader (``EpochStream``): with ``accel.prefetch_across_epochs`` one loader iterator
+over all epochs gives exactly the batches of the epoch-by-epoch loader; either way it follows
+Lightning's epochs and is a stateful loader Lightning saves in checkpoints and resumes mid-epoch."""
 
 from __future__ import annotations
+
+import warnings
 
 import lightning.pytorch as pl
 import pytest
@@ -9,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from drivebench.data.epoch_stream import EpochStream
-from drivebench.data.sampling import KeyedBatches, RandomBatchSampler, SampleKey, sample_key, unpack_key
+from drivebench.data.sampling import RandomBatchSampler, SampleKey, keyed_batch, sample_key, unpack_key
 
 
 class KeyEcho(Dataset):
@@ -36,11 +39,12 @@ def _loader_factory(dataset: Dataset, workers: int):
 
 
 def _epoch_by_epoch(n: int, batch: int, epochs: int, replicas: int = 1, rank: int = 0) -> list[list[list[int]]]:
+    """A plain DataLoader per epoch over the sampler's plan of that epoch: the reference."""
     sampler = RandomBatchSampler(n, batch, num_replicas=replicas, rank=rank, seed=7)
     out = []
     for e in range(epochs):
-        sampler.set_epoch(e)
-        out.append([b.tolist() for b in DataLoader(KeyEcho(n), batch_sampler=KeyedBatches(sampler))])
+        keyed = [keyed_batch(b, e) for b in sampler.plan(e)]
+        out.append([b.tolist() for b in DataLoader(KeyEcho(n), batch_sampler=keyed)])
     return out
 
 
@@ -167,3 +171,67 @@ def test_stop_workers_ends_the_workers_a_persistent_loader_keeps():
     assert loader._iterator is None
     assert not any(w.is_alive() for w in workers)
     assert torch.cat(list(loader)).tolist() == list(range(8))  # the loader still works afterwards
+
+
+@pytest.mark.parametrize("across_epochs", [True, False])
+def test_state_is_the_next_batch_the_training_loop_gets(across_epochs):
+    stream = EpochStream(RandomBatchSampler(22, 4, seed=7), _loader_factory(KeyEcho(22), 2),
+                         across_epochs=across_epochs)
+    assert stream.state_dict() == {"epoch": 0, "batches_done": 0}
+    it = iter(stream)
+    next(it), next(it)
+    assert stream.state_dict() == {"epoch": 0, "batches_done": 2}  # what was handed out, not what workers drew
+    list(it)
+    assert stream.state_dict() == {"epoch": 1, "batches_done": 0}  # after the last batch: the next epoch's start
+    stream.close()
+
+
+@pytest.mark.parametrize("across_epochs", [True, False])
+def test_load_state_dict_resumes_there_unless_another_epoch_is_asked_for(across_epochs):
+    expected = _epoch_by_epoch(22, 4, 3)
+    stream = EpochStream(RandomBatchSampler(22, 4, seed=7), _loader_factory(KeyEcho(22), 2),
+                         across_epochs=across_epochs)
+    list(stream)  # an iterator exists already: loading a state drops it
+    stream.load_state_dict({"epoch": 1, "batches_done": 3})
+    it = iter(stream)
+    stream.sampler.set_epoch(1)  # Lightning sets the epoch after creating the iterator: iterating is lazy
+    assert [b.tolist() for b in it] == expected[1][3:]
+    assert [b.tolist() for b in stream] == expected[2]
+    # Lightning ended epoch 1 early (a limit below the plan) and goes on with epoch 2: from its start
+    stream.load_state_dict({"epoch": 1, "batches_done": 3})
+    stream.sampler.set_epoch(2)
+    assert [b.tolist() for b in stream] == expected[2]
+    stream.close()
+
+
+class _SaveAt(pl.Callback):
+    def __init__(self, step: int, path) -> None:
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+
+
+@pytest.mark.parametrize("across_epochs", [True, False])
+def test_lightning_saves_and_restores_the_position_mid_epoch(tmp_path, across_epochs):
+    """Lightning's own checkpoint (no drivebench callback): the stream's state is in the fit loop's
+    state and a resumed fit draws exactly the batches the uninterrupted one drew next."""
+    def fit(max_steps, callbacks=(), ckpt_path=None):
+        stream = EpochStream(RandomBatchSampler(18, 4, seed=7), _loader_factory(KeyEcho(18), 1),
+                             across_epochs=across_epochs)
+        module = _Record()
+        trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks))
+        trainer.fit(module, train_dataloaders=stream, ckpt_path=ckpt_path)
+        return module.seen
+
+    path = tmp_path / "mid.ckpt"
+    straight = fit(11, [_SaveAt(6, path)])  # 4 batches per epoch: step 6 is batch 2 of epoch 1
+    state = torch.load(path, weights_only=True)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    assert state == [{"epoch": 1, "batches_done": 2}]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = fit(11, ckpt_path=str(path))
+    assert resumed == straight[6:]
+    assert not [w for w in caught if "not resumable" in str(w.message)]  # Lightning sees a stateful loader

@@ -31,7 +31,7 @@ GT_LABELS = np.array([0, 0, 1, 2])
 
 def ap_of(preds, scores, labels, gt=GT, gt_labels=GT_LABELS):
     metric = ChamferMapAP()
-    metric.add_sample(np.asarray(preds), np.asarray(scores, float), np.asarray(labels), gt, gt_labels)
+    metric.update(np.asarray(preds), np.asarray(scores, float), np.asarray(labels), gt, gt_labels)
     return metric.compute()
 
 
@@ -117,8 +117,8 @@ def test_average_precision_is_the_area_under_the_monotone_envelope():
 
 def test_accumulates_over_samples_and_resets():
     metric = ChamferMapAP()
-    metric.add_sample(GT[:2], np.array([0.9, 0.8]), np.array([0, 0]), GT, GT_LABELS)
-    metric.add_sample(np.zeros((0, 20, 2)), np.zeros(0), np.zeros(0, int), GT, GT_LABELS)
+    metric.update(GT[:2], np.array([0.9, 0.8]), np.array([0, 0]), GT, GT_LABELS)
+    metric.update(np.zeros((0, 20, 2)), np.zeros(0), np.zeros(0, int), GT, GT_LABELS)
     res = metric.compute()
     assert res["AP_divider@0.5"] == pytest.approx(0.5)  # 2 of 4 dividers over the two samples
     metric.reset()

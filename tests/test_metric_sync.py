@@ -1,8 +1,10 @@
-"""Validation metrics under DDP: each metric's per-rank state merges into the whole set's value.
+"""Validation metrics under DDP: each metric is a torchmetrics ``Metric`` whose states (sums, or the
+per-prediction records an AP ranks) torchmetrics merges, so every rank computes the whole set's value.
 
 Hand-made case first: per-rank APs averaged (what ``sync_dist=True`` logs) differ from the AP of the
-union, which is what one process validating everything reports. Then every mergeable metric class,
-and the real all-gather across two gloo processes.
+union, which is what one process validating everything reports. Then every metric class through
+torchmetrics' ``merge_state`` (the ``add_state`` reductions), and the real all-gather inside
+``compute()`` across two gloo processes.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from drivebench.lit.metric_sync import merge_across_ranks
 from drivebench.models.common.map_metrics import ChamferMapAP
+from drivebench.models.gaussianformer.metrics import OccupancyMetric
 from drivebench.models.qcnet.metrics import MotionMetrics
-from drivebench.models.sparsedrive.metrics import DetectionAP, PlanningMetric
+from drivebench.models.sparsedrive.metrics import DetectionAP, MotionMetric, PlanningMetric
 from drivebench.models.sparsedrive.model import DETECTION_CLASSES
+
+# a metric that only received merged states was never update()d: torchmetrics warns, harmlessly here
+pytestmark = pytest.mark.filterwarnings("ignore:The ``compute`` method of metric")
 
 LINE = np.array([[0.0, 0.0], [10.0, 0.0]])
 FAR = np.array([[0.0, 30.0], [10.0, 30.0]])
@@ -29,9 +34,16 @@ FAR = np.array([[0.0, 30.0], [10.0, 30.0]])
 def _ap(samples) -> ChamferMapAP:
     metric = ChamferMapAP(("divider",), (1.0,))
     for pred_pts, scores, gt_pts in samples:
-        metric.add_sample(np.asarray(pred_pts), np.asarray(scores), np.zeros(len(scores), int), np.asarray(gt_pts),
-                          np.zeros(len(gt_pts), int))
+        metric.update(np.asarray(pred_pts), np.asarray(scores), np.zeros(len(scores), int), np.asarray(gt_pts),
+                      np.zeros(len(gt_pts), int))
     return metric
+
+
+def _merged(into, parts):
+    """``into`` (a fresh metric) with every part's state merged in, by torchmetrics' own reductions."""
+    for part in parts:
+        into.merge_state(part)
+    return into
 
 
 def test_merged_ap_is_the_ap_of_the_union_not_the_mean_of_rank_aps():
@@ -39,8 +51,7 @@ def test_merged_ap_is_the_ap_of_the_union_not_the_mean_of_rank_aps():
     rank1 = [([FAR], [0.9], [LINE])]  # a false positive at 0.9, its ground truth missed
     ap0, ap1 = _ap(rank0).compute()["mAP"], _ap(rank1).compute()["mAP"]
     union = _ap(rank0 + rank1).compute()["mAP"]
-    merged = _ap([])
-    merged.merge([_ap(rank0).state(), _ap(rank1).state()])
+    merged = _merged(_ap([]), [_ap(rank0), _ap(rank1)])
     assert merged.compute()["mAP"] == pytest.approx(union)
     assert (ap0, ap1) == (pytest.approx(1.0), 0.0)
     assert union < 0.5 * (ap0 + ap1) - 0.1  # the FP outranks the TP: averaging rank APs overstates it
@@ -53,9 +64,10 @@ def test_merged_ap_equals_one_process_on_random_samples():
         gts = rng.uniform(-20, 20, size=(3, 5, 2))
         preds = gts[:2] + rng.normal(0, 0.6, size=(2, 5, 2))
         samples.append((np.concatenate([preds, rng.uniform(-20, 20, size=(2, 5, 2))]), rng.uniform(0, 1, 4), gts))
-    merged = _ap([])
-    merged.merge([_ap(samples[0::3]).state(), _ap(samples[1::3]).state(), _ap(samples[2::3]).state()])
-    assert merged.compute() == pytest.approx(_ap(samples).compute())
+    merged = _merged(_ap([]), [_ap(samples[0::3]), _ap(samples[1::3]), _ap(samples[2::3])])
+    whole = _ap(samples).compute()
+    assert merged.compute() == pytest.approx(whole)
+    assert 0.0 < whole["mAP"] < 1.0
 
 
 def test_motion_metrics_merge_weights_ranks_by_their_agents():
@@ -67,9 +79,9 @@ def test_motion_metrics_merge_weights_ranks_by_their_agents():
     a.update(pred[:2], target[:2], valid[:2], prob[:2])  # 2 agents on one rank, 5 on the other
     b.update(pred[2:], target[2:], valid[2:], prob[2:])
     mean_of_ranks = 0.5 * (a.compute()["minADE"] + b.compute()["minADE"])
-    merged = MotionMetrics()
-    merged.merge([a.state(), b.state(), MotionMetrics().state()])  # a rank without agents gives None
+    merged = _merged(MotionMetrics(), [a, b, MotionMetrics()])  # a rank without agents adds nothing
     assert merged.compute() == pytest.approx(whole.compute())
+    assert merged.count == 7
     assert merged.compute()["minADE"] != pytest.approx(mean_of_ranks)
 
 
@@ -77,30 +89,78 @@ def _box(x: float, y: float) -> np.ndarray:
     return np.array([x, y, -1.0, 2.0, 4.0, 1.5, 0.0, 0.0, 0.0])
 
 
+DETECTIONS = [(np.stack([_box(10, 0), _box(-20.7, 5)]), np.array([0.9, 0.8]), np.array([0, 0]),
+               np.stack([_box(10, 0), _box(-20, 5)]), np.array([0, 0])),
+              (np.stack([_box(3, 3)]), np.array([0.95]), np.array([0]), np.stack([_box(-8, 1)]), np.array([0])),
+              (np.zeros((0, 9)), np.zeros(0), np.zeros(0, int), np.stack([_box(1, 1)]), np.array([8]))]
+
+
 def test_detection_ap_and_planning_metric_merge():
-    det = [(np.stack([_box(10, 0), _box(-20.7, 5)]), np.array([0.9, 0.8]), np.array([0, 0]),
-            np.stack([_box(10, 0), _box(-20, 5)]), np.array([0, 0])),
-           (np.stack([_box(3, 3)]), np.array([0.95]), np.array([0]), np.stack([_box(-8, 1)]), np.array([0]))]
-    whole, parts = DetectionAP(DETECTION_CLASSES), [DetectionAP(DETECTION_CLASSES) for _ in det]
-    for sample, part in zip(det, parts):
+    whole, parts = DetectionAP(DETECTION_CLASSES), [DetectionAP(DETECTION_CLASSES) for _ in DETECTIONS]
+    for sample, part in zip(DETECTIONS, parts):
         whole.update(*sample)
         part.update(*sample)
-    merged = DetectionAP(DETECTION_CLASSES)
-    merged.merge([p.state() for p in parts])
+    merged = _merged(DetectionAP(DETECTION_CLASSES), parts)
+    assert merged.num_samples == 3
     assert merged.compute() == pytest.approx(whole.compute())
+    assert 0.0 < whole.compute()["AP/car"] < 1.0
 
     a, b = PlanningMetric(), PlanningMetric()
-    a.l2, a.collision, a.total = np.arange(6.0), np.zeros(6), 2
-    b.l2, b.collision, b.total = np.ones(6), np.full(6, 1.0), 3
-    merged = PlanningMetric()
-    merged.merge([a.state(), b.state()])
-    assert merged.total == 5 and np.allclose(merged.l2, np.arange(6.0) + 1) and np.allclose(merged.collision, 1.0)
+    a.l2, a.collision, a.total = torch.arange(6.0, dtype=torch.float64), torch.zeros(6, dtype=torch.float64), \
+        torch.tensor(2)
+    b.l2, b.collision, b.total = torch.ones(6, dtype=torch.float64), torch.ones(6, dtype=torch.float64), \
+        torch.tensor(3)
+    merged = _merged(PlanningMetric(), [a, b])
+    assert int(merged.total) == 5
+    assert torch.allclose(merged.l2, torch.arange(6.0, dtype=torch.float64) + 1)
+    assert torch.allclose(merged.collision, torch.ones(6, dtype=torch.float64))
 
 
-def test_without_a_process_group_nothing_is_merged():
-    metric = _ap([([LINE], [0.5], [LINE])])
-    assert merge_across_ranks([metric]) is False
-    assert metric.compute()["mAP"] == pytest.approx(1.0)
+def _motion_samples() -> list[tuple]:
+    rng = np.random.default_rng(3)
+    out = []
+    for n in (2, 0, 3):
+        boxes = np.stack([_box(*rng.uniform(-20, 20, 2)) for _ in range(n)]) if n else np.zeros((0, 9))
+        gt_traj = rng.normal(0, 1, (n, 12, 2)).cumsum(1)
+        modes = boxes[:, None, None, :2] + gt_traj[:, None] + rng.normal(0, 0.5, (n, 6, 12, 2))
+        mask = rng.random((n, 12)) < 0.9
+        out.append((boxes, rng.uniform(0.3, 1, n), np.zeros(n, int), modes, boxes, np.zeros(n, int), gt_traj, mask))
+    return out
+
+
+def test_sparsedrive_motion_metric_merge():
+    whole, parts = MotionMetric(), [MotionMetric() for _ in range(3)]
+    for sample, part in zip(_motion_samples(), parts):
+        whole.update(*sample)
+        part.update(*sample)
+    merged = _merged(MotionMetric(), parts)
+    assert merged.compute() == pytest.approx(whole.compute())
+    assert whole.compute()["motion/car_minADE"] > 0
+
+
+def test_occupancy_confusion_matrices_sum_over_ranks():
+    def metric():
+        return OccupancyMetric(num_classes=3, semantic_classes=(0, 1), empty_label=2, class_names=("a", "b", "e"))
+
+    torch.manual_seed(0)
+    pred, target = torch.randint(0, 3, (2, 50)), torch.randint(0, 3, (2, 50))
+    whole, a, b = metric(), metric(), metric()
+    whole.update(pred, target)
+    a.update(pred[0], target[0])
+    b.update(pred[1], target[1])
+    merged = _merged(metric(), [a, b, metric()])
+    assert torch.equal(merged.confusion_matrix(), whole.confusion_matrix())
+    assert merged.compute() == pytest.approx(whole.compute())
+
+
+def test_metric_states_are_not_in_the_module_state_dict():
+    """Metrics on a LightningModule are submodules: their states must not change a checkpoint's keys."""
+    holder = torch.nn.Module()
+    holder.ap = _ap([([LINE], [0.5], [LINE])])
+    holder.occupancy = OccupancyMetric(num_classes=3, semantic_classes=(0, 1), empty_label=2)
+    holder.planning = PlanningMetric()
+    holder.linear = torch.nn.Linear(2, 2)
+    assert sorted(holder.state_dict()) == ["linear.bias", "linear.weight"]
 
 
 def _free_port() -> int:
@@ -114,36 +174,32 @@ def _rank(rank: int, port: int, results) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         mine = [([LINE], [0.5], [LINE])] if rank == 0 else [([FAR], [0.9], [LINE])]
-        metric = _ap(mine)
-        merged = merge_across_ranks([metric])
-        results[rank] = (merged, metric.compute()["mAP"])
+        ap = _ap(mine)
+        detection = DetectionAP(DETECTION_CLASSES)
+        for sample in DETECTIONS[:2] if rank == 0 else DETECTIONS[2:]:  # uneven shares: 2 samples and 1
+            detection.update(*sample)
+        motion = MotionMetric()
+        for sample in _motion_samples()[:1] if rank == 0 else _motion_samples()[1:]:
+            motion.update(*sample)
+        results[rank] = (ap.compute()["mAP"], detection.compute(), motion.compute(), detection.num_samples)
     finally:
         dist.destroy_process_group()
 
 
-def test_two_gloo_ranks_compute_the_same_global_ap():
+def test_two_gloo_ranks_compute_the_same_global_values():
     union = _ap([([LINE], [0.5], [LINE]), ([FAR], [0.9], [LINE])]).compute()["mAP"]
+    detection, motion = DetectionAP(DETECTION_CLASSES), MotionMetric()
+    for sample in DETECTIONS:
+        detection.update(*sample)
+    for sample in _motion_samples():
+        motion.update(*sample)
     with mp.Manager() as manager:
         results = manager.dict()
         mp.spawn(_rank, args=(_free_port(), results), nprocs=2, join=True)
         got = dict(results)
-    assert got[0][0] is True and got[1][0] is True
-    assert got[0][1] == pytest.approx(union) and got[1][1] == pytest.approx(union)
-
-
-def test_occupancy_confusion_matrices_sum_over_ranks():
-    from drivebench.models.gaussianformer.metrics import OccupancyMetric
-
-    def metric():
-        return OccupancyMetric(num_classes=3, semantic_classes=(0, 1), empty_label=2, class_names=("a", "b", "e"))
-
-    torch.manual_seed(0)
-    pred, target = torch.randint(0, 3, (2, 50)), torch.randint(0, 3, (2, 50))
-    whole, a, b = metric(), metric(), metric()
-    whole.update(pred, target)
-    a.update(pred[0], target[0])
-    b.update(pred[1], target[1])
-    merged = metric()
-    merged.merge([a.state(), b.state(), metric().state()])
-    assert torch.equal(merged.confusion_matrix(), whole.confusion_matrix())
-    assert merged.compute() == pytest.approx(whole.compute())
+    for rank in (0, 1):
+        ap, det, mot, local_samples = got[rank]
+        assert ap == pytest.approx(union)
+        assert det == pytest.approx(detection.compute())
+        assert mot == pytest.approx(motion.compute())
+        assert local_samples == (2 if rank == 0 else 1)  # compute() restores the rank's own state

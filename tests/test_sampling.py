@@ -2,7 +2,7 @@
 
 import pytest
 
-from drivebench.data.sampling import RandomBatchSampler
+from drivebench.data.sampling import ContinuousBatches, RandomBatchSampler, SampleKey
 
 
 def test_same_seed_same_order_and_new_order_per_epoch():
@@ -20,12 +20,15 @@ def test_ranks_are_disjoint_and_equal_length():
     assert not s0 & s1 and len(r0) == len(r1) == 5
 
 
-def test_skip_next_resumes_mid_epoch_once():
+def test_continuous_batches_start_mid_epoch_and_run_on_or_stop():
     s = RandomBatchSampler(40, 4, seed=3)
     full = list(s)
-    s.skip_next(6)
-    assert list(s) == full[6:]
-    assert list(s) == full  # the skip applies to one iteration only
+    s.set_epoch(1)
+    second = list(s)
+    assert list(ContinuousBatches(s, start=(0, 6), keyed=False, epochs=1)) == full[6:]  # a resume
+    assert list(ContinuousBatches(s, start=(0, 6), keyed=False, epochs=2)) == full[6:] + second
+    keyed = next(iter(ContinuousBatches(s, start=(1, 0))))
+    assert keyed == [SampleKey(i, 1) for i in second[0]]
 
 
 def test_lightning_sets_epoch_through_the_sampler_proxy():

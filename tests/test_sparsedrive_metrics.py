@@ -100,7 +100,7 @@ def test_map_ap_of_decoded_predictions() -> None:
     pts[0, 2] = torch.from_numpy(gt[0] + np.array([0.0, 8.0])).float().flatten()  # a stray line
     elements = decode_map(HeadOutput([logits], [pts]))
     metric = ChamferMapAP(MAP_CLASSES)
-    metric.add_sample(elements.points[0].numpy(), elements.scores[0].numpy(), elements.labels[0].numpy(), gt, gt_labels)
+    metric.update(elements.points[0].numpy(), elements.scores[0].numpy(), elements.labels[0].numpy(), gt, gt_labels)
     out = metric.compute()
     assert out["AP_divider"] == pytest.approx(1.0)
     assert out["AP_boundary"] == pytest.approx(1.0)

@@ -27,8 +27,8 @@ from drivebench.accel.compile import compile_report
 from drivebench.accel.gc_freeze import FreezeHeap
 from drivebench.app import Run, build
 from drivebench.bench.phase_logger import CEILING, FIT, VALIDATE, phase_logger
-from drivebench.ckpt.resume import find_resume_checkpoint, readable_checkpoint
-from drivebench.ckpt.state import ResumeState
+from drivebench.ckpt.resume import find_resume_checkpoint
+from drivebench.ckpt.state import RngState
 from drivebench.data.device_prefetch import DevicePrefetchLoader
 from drivebench.data.epoch_stream import EpochStream
 from drivebench.dist import gather_objects
@@ -162,9 +162,12 @@ class TrainBench:
         freeze = FreezeHeap() if run.accel.gc_freeze else None
         # the profiler before the timer: its trace export then falls into a profiled (excluded) step
         callbacks: list[pl.Callback] = ([freeze] if freeze else []) + ([profiler] if profiler else []) + [timer]
+        checkpoint_io = build(cfg.ckpt.io, _convert_="all")  # the Trainer's CheckpointIO plugin
         ckpt = build(cfg.ckpt.callback, _convert_="all") if cfg.ckpt.get("callback") else None
-        callbacks.append(ckpt if ckpt is not None else ResumeState())  # RNG + data position, also for ckpt=none
-        resume_from = find_resume_checkpoint(cfg, ckpt.store if ckpt is not None else None)
+        callbacks.append(RngState())  # RNG states in every checkpoint, restored on resume, also for ckpt=none
+        if ckpt is not None:
+            callbacks.append(ckpt)
+        resume_from = find_resume_checkpoint(cfg, checkpoint_io.store)
         summary["run"]["resumed_from"] = resume_from
         max_steps = cfg.trainer.max_steps
         if max_steps is None:  # bench.steps measured steps after warm-up and the profiled steps
@@ -179,21 +182,22 @@ class TrainBench:
             val_check_interval=cfg.trainer.val_check_interval,
             log_every_n_steps=cfg.trainer.log_every_n_steps, gradient_clip_val=cfg.trainer.gradient_clip_val,
             accumulate_grad_batches=cfg.trainer.accumulate_grad_batches, deterministic=cfg.trainer.deterministic,
-            enable_checkpointing=False, profiler=LoaderWaitProfiler(),
+            enable_checkpointing=False, profiler=LoaderWaitProfiler(), plugins=[checkpoint_io],
         )
         if torch.cuda.is_available() and run.machine.accelerator == "cuda":
             torch.cuda.reset_peak_memory_stats()
         if run.job is not None:
             run.job.track(trainer)
-        with readable_checkpoint(resume_from, ckpt.store if ckpt is not None else None) as ckpt_path:
-            trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=ckpt_path)  # remote: a local copy
+        # the checkpoint IO reads resume_from (remote ones with ckpt.storage_options); Lightning restores
+        # model, optimizer, schedulers, loops, the training loader's position and the RNG states
+        trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=resume_from)
         self.is_global_zero = trainer.is_global_zero
         prefetch = trainer.train_dataloader
         if isinstance(prefetch, DevicePrefetchLoader):
             summary["data"]["device_prefetch"] = prefetch.stats()
             prefetch.close()
             prefetch = prefetch.loader
-        if isinstance(prefetch, EpochStream):  # one loader iterator for every epoch: 1 start, no restarts
+        if isinstance(prefetch, EpochStream) and prefetch.across_epochs:  # one iterator for every epoch: 1 start
             summary["data"]["epoch_stream"] = {"iterator_starts": prefetch.iterator_starts, "next_batch": list(prefetch.position)}
         summary["train"] = phase_stats(timer.times, monitor)
         if profiler is not None and trainer.is_global_zero:

@@ -1,26 +1,23 @@
-"""``resume=auto|<path or URL>``: which checkpoint a run continues from, and a copy Lightning can read.
+"""``resume=auto|<path or URL>``: which checkpoint a run continues from.
 
 ``auto`` takes the newest complete (loadable) checkpoint in ``ckpt.dir``; when that directory is
 empty (the default ``ckpt.dir`` is inside each new run directory), it looks through earlier runs
 under ``paths.outputs_root`` for the newest checkpoint of a run with the same model, size and data.
 
-Lightning opens ``trainer.fit(ckpt_path=...)`` through fsspec without our storage options, so a
-remote checkpoint is first copied to a local temporary file with the options of ``ckpt.dir``
-(:func:`readable_checkpoint`).
+Lightning reads ``trainer.fit(ckpt_path=...)`` through the Trainer's checkpoint IO
+(:class:`drivebench.ckpt.checkpoint_io.StorageCheckpointIO`), which opens a remote checkpoint with
+the storage options of ``ckpt.dir`` when it is on the same filesystem.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
-from drivebench.ckpt.store import CheckpointStore, step_of
+from drivebench.ckpt.store import CheckpointStore, step_of, store_for
 from drivebench.errors import ConfigError
 from drivebench.models.registry import get_spec
 
@@ -53,13 +50,6 @@ def _is_remote(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
-def _store_for(path: str, store: CheckpointStore | None) -> CheckpointStore:
-    """A store for the directory of ``path``, with ``store``'s options when it is the same filesystem."""
-    parent = path.rsplit("/", 1)[0]
-    options = store._options if store is not None and store.same_filesystem(path) else None
-    return CheckpointStore(parent, options)
-
-
 def find_resume_checkpoint(cfg: Any, store: CheckpointStore | None) -> str | None:
     """Resolve ``cfg.resume`` to a checkpoint path/URL (None: start fresh)."""
     resume = cfg.get("resume")
@@ -69,7 +59,7 @@ def find_resume_checkpoint(cfg: Any, store: CheckpointStore | None) -> str | Non
         path = str(resume)
         if path.startswith("file://"):
             path = path[len("file://"):]
-        exists = _store_for(path, store).exists(path) if _is_remote(path) else Path(path).is_file()
+        exists = store_for(path, store).exists(path) if _is_remote(path) else Path(path).is_file()
         if not exists:
             raise ConfigError(f"resume={resume} does not exist; give a checkpoint file or URL, or resume=auto")
         return path
@@ -90,17 +80,3 @@ def find_resume_checkpoint(cfg: Any, store: CheckpointStore | None) -> str | Non
     log.warning("resume=auto: no checkpoint of %s/%s/%s found; starting fresh", cfg.model.name, cfg.model.size,
                 cfg.data.name)
     return None
-
-
-@contextlib.contextmanager
-def readable_checkpoint(path: str | None, store: CheckpointStore | None) -> Iterator[str | None]:
-    """Yield a path ``trainer.fit(ckpt_path=...)`` can open: local paths as they are, remote ones
-    copied (with ``ckpt.storage_options``) to a temporary file that is removed afterwards."""
-    if path is None or not _is_remote(path):
-        yield path
-        return
-    scratch = Path(tempfile.mkdtemp(prefix="drivebench-resume-"))
-    try:
-        yield str(_store_for(path, store).download(path, scratch / path.rsplit("/", 1)[-1]))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)

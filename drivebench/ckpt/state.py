@@ -1,27 +1,27 @@
 """What a checkpoint holds beyond Lightning's own state, so that a resumed run repeats the
-uninterrupted one step for step: every RNG state (dropout masks, augmentation draws) and the data
-position (epoch, batches already done in it; the datamodule's sampler skips those).
+uninterrupted one step for step: every RNG state (dropout masks, augmentation draws).
 
-Lightning saves and restores model, optimizer, LR scheduler, loops (global step, epoch) and
-callback states itself. Model-specific streaming state that lives outside ``state_dict`` (such as
-SparseDrive's instance bank) is not saved: it restarts empty, as at the start of a sequence.
+Lightning saves and restores model, optimizer, LR scheduler, loops (global step, epoch, and the
+training loader's position: the loader is stateful, see :mod:`drivebench.data.epoch_stream`) and
+callback states itself. The RNG states are such a callback state (:class:`RngState`, under
+``checkpoint["callbacks"]["RngState"]``). Model-specific streaming state that lives outside
+``state_dict`` (such as SparseDrive's instance bank) is not saved: it restarts empty, as at the
+start of a sequence.
 
-:class:`ResumeState` is a callback that is present in every training run (the ``Checkpointing``
-callback is one; with ``ckpt=none`` a plain ``ResumeState`` is added), because a run resumed
-without writing checkpoints of its own must still restore what the checkpoint carries.
+:class:`RngState` is present in every training run, with or without checkpoints of its own,
+because a run resumed from another run's checkpoint must still restore what the checkpoint carries.
 """
 
 from __future__ import annotations
 
 import random
-import warnings
 from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 
-STATE_KEY = "drivebench"
+LEGACY_KEY = "drivebench"  # where checkpoints written before the stateful loader kept RNG and data position
 
 
 def rng_state() -> dict[str, Any]:
@@ -49,43 +49,28 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class ResumeState(pl.Callback):
-    """Puts RNG states and the data position into every checkpoint, and restores them on resume."""
+class RngState(pl.Callback):
+    """Puts every RNG state into each checkpoint (Lightning's callback ``state_dict``), and restores
+    them on resume."""
 
-    def __init__(self) -> None:
-        self._data_position: tuple[int, int] = (0, 0)
-        self.restored_step: int | None = None  # global step of the checkpoint this run resumed from
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": rng_state()}
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        done = batch_idx + 1
-        per_epoch = trainer.num_training_batches
-        # where the next batch comes from; after an epoch's last batch that is the next epoch's start
-        # (a resumed sampler told "epoch e, skip all of it" would skip the following epoch instead)
-        if isinstance(per_epoch, int) and done >= per_epoch:
-            self._data_position = (trainer.current_epoch + 1, 0)
-        else:
-            self._data_position = (trainer.current_epoch, done)
-
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
-        checkpoint[STATE_KEY] = {"rng": rng_state(), "data_position": self._data_position,
-                                 "global_step": trainer.global_step}
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # restored before the loader's iterator exists; the train loader draws its worker seeds from
+        # a generator of its own, so nothing consumes these states before the first resumed step
+        set_rng_state(state_dict["rng"])
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get(STATE_KEY)
-        if not state:
+        """A checkpoint written before the loader was stateful kept RNG and data position under ``drivebench``:
+        restore its RNG states and hand its data position to Lightning's loop state, where the
+        stateful loader reads it (Lightning restores the loops after the callbacks)."""
+        legacy = checkpoint.get(LEGACY_KEY)
+        if not legacy or self.state_key in checkpoint.get("callbacks", {}):
             return
-        # restored before the loader's iterator exists; the train loader draws its worker seeds from
-        # a generator of its own, so nothing consumes these states before the first resumed step
-        set_rng_state(state["rng"])
-        epoch, done = state["data_position"]
-        self._data_position = (int(epoch), int(done))
-        datamodule = trainer.datamodule
-        if datamodule is not None and hasattr(datamodule, "resume_at"):
-            datamodule.resume_at(epoch, done)
-            # Lightning warns that a mid-epoch resume repeats data unless the loader is resumable;
-            # this one is (the sampler skips the batches done), so the warning would mislead
-            warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch")
-        self.restored_step = int(state.get("global_step", checkpoint.get("global_step", 0)))
+        set_rng_state(legacy["rng"])
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {}).setdefault("state_dict", {})
+        if "data_position" in legacy and "combined_loader" not in fit_loop:
+            epoch, done = legacy["data_position"]
+            fit_loop["combined_loader"] = [{"epoch": int(epoch), "batches_done": int(done)}]

@@ -172,6 +172,13 @@ class CheckpointStore:
         _fsync_dir(self.path)  # makes the rename durable; best effort (some filesystems refuse)
         return WriteResult(str(final), final.stat().st_size, time.perf_counter() - t0)
 
+    def path_of(self, name: str) -> str:
+        """The full path or URL a checkpoint named ``name`` has in this store (as ``write`` reports it)."""
+        if self.local:
+            assert self.path is not None
+            return str(self.path / name)
+        return self._url(f"{self._root.rstrip('/')}/{name}")
+
     def list_steps(self) -> list[tuple[int, str]]:
         """Complete checkpoints as (step, full path or URL), oldest first."""
         if self.local:
@@ -193,12 +200,12 @@ class CheckpointStore:
         else:
             self._fs.rm(self._strip(path))
 
-    def load(self, path: str) -> dict[str, Any]:
-        """Read a checkpoint the way Lightning's resume does (``weights_only=True``), onto the CPU."""
+    def load(self, path: str, weights_only: bool = True) -> dict[str, Any]:
+        """Read a checkpoint the way a resume does (``weights_only=True``), onto the CPU."""
         if self.local:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=weights_only)
         with self._fs.open(self._strip(path), "rb") as fh:
-            return torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=True)
+            return torch.load(io.BytesIO(fh.read()), map_location="cpu", weights_only=weights_only)
 
     def loadable(self, path: str) -> bool:
         """True if the file deserialises as Lightning will read it (guards against corruption the
@@ -209,16 +216,6 @@ class CheckpointStore:
         except Exception as err:
             log.warning("checkpoint %s does not load (%s: %s)", path, type(err).__name__, self._clean(str(err))[:200])
             return False
-
-    def download(self, path: str, dest: Path) -> Path:
-        """Copy the checkpoint at ``path`` (in this store) to the local file ``dest``."""
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._fs.get_file(self._strip(path), str(dest))
-        except Exception as err:
-            raise ConfigError(self._clean(f"resume={path} could not be read ({type(err).__name__}: {err}); check the "
-                                          "URL and ckpt.storage_options")) from err
-        return dest
 
     def exists(self, path: str) -> bool:
         if self.local:
@@ -258,6 +255,15 @@ class CheckpointStore:
 
     def _clean(self, text: str) -> str:
         return redact_text(text, self._secrets)
+
+
+def store_for(path: str, like: CheckpointStore | None = None) -> CheckpointStore:
+    """A store for the directory of ``path`` (a checkpoint to read), with ``like``'s storage options
+    when ``path`` is on ``like``'s filesystem (so ``resume=s3://...`` reads with ``ckpt.storage_options``)."""
+    path = str(path)
+    parent = path.rsplit("/", 1)[0] if "/" in path else "."
+    options = like._options if like is not None and like.same_filesystem(path) else None
+    return CheckpointStore(parent, options)
 
 
 class _GuardedFile:

@@ -24,7 +24,7 @@ from drivebench.accel.shm_cache import CacheDoesNotFit, SharedSampleCache
 from drivebench.data.device_prefetch import DevicePrefetchLoader
 from drivebench.data.device_transfer import DeviceTransform, DeviceTransferDataModule
 from drivebench.data.epoch_stream import EpochStream
-from drivebench.data.sampling import EpochBatchSampler, KeyedBatches, RandomBatchSampler
+from drivebench.data.sampling import EpochBatchSampler, RandomBatchSampler
 from drivebench.errors import ConfigError
 from drivebench.locks import exclusive_lock
 
@@ -111,7 +111,6 @@ class DriveDataModule(DeviceTransferDataModule):
         self.val_set: Dataset | None = None
         self.cache_info: dict[str, Any] = {"enabled": accel.shm_cache}
         self.batch_sampler_factory = batch_sampler
-        self._resume_at: tuple[int, int] | None = None  # (epoch, batches already done in it)
         self._streams: list[weakref.ref] = []  # EpochStreams handed out; their workers stop at teardown
 
     def prepare_data(self) -> None:
@@ -158,10 +157,6 @@ class DriveDataModule(DeviceTransferDataModule):
             info = self.transform.cache_stats()
         return info
 
-    def resume_at(self, epoch: int, batches_done: int) -> None:
-        """Make the next training loader start at ``epoch`` after its first ``batches_done`` batches."""
-        self._resume_at = (int(epoch), int(batches_done))
-
     def _replicas(self) -> tuple[int, int]:
         trainer = getattr(self, "trainer", None)
         if trainer is None:
@@ -176,9 +171,10 @@ class DriveDataModule(DeviceTransferDataModule):
         return RandomBatchSampler(len(dataset), self.batch_size, shuffle=shuffle, drop_last=True,
                                   num_replicas=replicas, rank=rank, seed=self.seed)
 
-    def train_dataloader(self, device_prefetch: bool = True) -> DataLoader | EpochStream | DevicePrefetchLoader:
-        """The training loader; with ``accel.device_prefetch`` inside a trainer on a GPU, wrapped so
-        that batches arrive on the device already transformed (``device_prefetch=False``: never)."""
+    def train_dataloader(self, device_prefetch: bool = True) -> EpochStream | DevicePrefetchLoader:
+        """The training loader, a stateful one (Lightning saves its position in checkpoints and hands
+        it back on resume); with ``accel.device_prefetch`` inside a trainer on a GPU, wrapped so that
+        batches arrive on the device already transformed (``device_prefetch=False``: never)."""
         loader = self._train_loader()
         trainer = getattr(self, "trainer", None)
         if not (device_prefetch and self.accel.device_prefetch and trainer is not None):
@@ -188,7 +184,7 @@ class DriveDataModule(DeviceTransferDataModule):
             return loader
         return DevicePrefetchLoader(loader, device, self.move_batch, self.device_transform)
 
-    def _train_loader(self) -> DataLoader | EpochStream:
+    def _train_loader(self) -> EpochStream:
         assert self.train_set is not None, "setup() first"
         sampler = self.make_batch_sampler(self.train_set)
         if not sampler.plan(0):
@@ -197,15 +193,10 @@ class DriveDataModule(DeviceTransferDataModule):
                 f"model.batch_size={self.batch_size} x {replicas} rank(s) is more than the {len(self.train_set)} "
                 f"samples of the training split: not one batch per epoch. Lower model.batch_size or use more "
                 f"data (data.size / data.root)")
-        start, self._resume_at = (self._resume_at or (0, 0)), None
         keyed = bool(getattr(self.train_set, "accepts_sample_keys", False))
-        if self.accel.prefetch_across_epochs:
-            stream = EpochStream(sampler, self._loader_over, start=start, keyed=keyed)
-            self._streams.append(weakref.ref(stream))
-            return stream
-        sampler.set_epoch(start[0])
-        sampler.skip_next(start[1])
-        return self._loader_over(KeyedBatches(sampler) if keyed else sampler)
+        stream = EpochStream(sampler, self._loader_over, keyed=keyed, across_epochs=self.accel.prefetch_across_epochs)
+        self._streams.append(weakref.ref(stream))
+        return stream
 
     def _loader_over(self, batch_sampler: Any) -> DataLoader:
         return DataLoader(

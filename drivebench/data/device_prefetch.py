@@ -48,7 +48,11 @@ class DevicePrefetchLoader:
     """Wrap a DataLoader so that iterating it yields batches already on ``device`` and transformed.
 
     Lightning sees an iterable with ``len``, ``sampler``, ``batch_sampler`` and ``dataset`` (it sets
-    the sampler's epoch through them), so resuming and epochs behave as with the bare loader.
+    the sampler's epoch through them) and, for a stateful loader (the training stream), its
+    ``state_dict`` as of the last batch handed out: the thread draws ``depth`` batches ahead, so the
+    loader's own position is ahead of the training loop's. Resuming and epochs behave as with the
+    bare loader. Iterating is lazy (the thread starts at the first batch asked for, after Lightning
+    set the epoch).
     """
 
     def __init__(self, loader: Any, device: torch.device, transfer: Callable[[Any, torch.device], Any],
@@ -62,6 +66,7 @@ class DevicePrefetchLoader:
         self.depth = depth
         self.host_s: list[tuple[float, float]] = []  # (transfer, transform) host seconds per batch
         self._active: _PrefetchIterator | None = None
+        self._state: dict[str, Any] | None = None  # the loader's state after the last batch handed out
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -77,6 +82,16 @@ class DevicePrefetchLoader:
     @property
     def dataset(self) -> Any:
         return getattr(self.loader, "dataset", None)
+
+    def state_dict(self) -> dict[str, Any]:
+        if not callable(getattr(self.loader, "state_dict", None)):
+            return {}  # a plain DataLoader: nothing to resume
+        return self._state if self._state is not None else self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._state = None
+        if state and callable(getattr(self.loader, "load_state_dict", None)):
+            self.loader.load_state_dict(state)
 
     def __iter__(self) -> "_PrefetchIterator":
         if self._active is not None:
@@ -104,7 +119,12 @@ class _PrefetchIterator:
         self.queue: queue.Queue = queue.Queue(maxsize=owner.depth)
         self.stop = threading.Event()
         self.cuda = owner.device.type == "cuda"
-        self.source = iter(owner.loader)  # started here: worker start-up errors surface in this thread
+        self.stateful = callable(getattr(owner.loader, "state_dict", None))
+        self.source: Iterator[Any] | None = None
+        self.thread: threading.Thread | None = None  # started by the first next(): after Lightning set the epoch
+
+    def _start(self) -> None:
+        self.source = iter(self.owner.loader)  # here: worker start-up errors surface in the training thread
         self.thread = threading.Thread(target=self._work, name="drivebench-device-prefetch", daemon=True)
         self.thread.start()
 
@@ -141,7 +161,8 @@ class _PrefetchIterator:
                 owner.host_s.append((t1 - t0, t2 - t1))
                 if isinstance(batch, dict):
                     batch[READY_KEY] = True
-                if not self._put((batch, event)):
+                state = owner.loader.state_dict() if self.stateful else None  # where the loader stands after it
+                if not self._put((batch, event, state)):
                     return
         except BaseException as error:  # noqa: BLE001 - handed to the training thread, re-raised there
             self._put(_Failure(error))
@@ -152,6 +173,9 @@ class _PrefetchIterator:
         return self
 
     def __next__(self) -> Any:
+        if self.thread is None:
+            self._start()
+        assert self.thread is not None
         while True:
             try:
                 item = self.queue.get(timeout=1.0)
@@ -163,7 +187,9 @@ class _PrefetchIterator:
             raise StopIteration
         if isinstance(item, _Failure):
             raise item.error
-        batch, event = item
+        batch, event, state = item
+        if state is not None:
+            self.owner._state = state
         if event is not None:
             current = torch.cuda.current_stream(self.owner.device)
             current.wait_event(event)
@@ -174,6 +200,8 @@ class _PrefetchIterator:
 
     def close(self) -> None:
         self.stop.set()
+        if self.thread is None:
+            return
         while True:  # unblock a thread waiting to put
             try:
                 self.queue.get_nowait()

@@ -3,8 +3,9 @@
 Why our own: Lightning's default wraps a sampler in a DistributedSampler and cannot resume in the
 middle of an epoch. Here the datamodule owns sampling in every mode (``use_distributed_sampler``
 is off): the order of an epoch depends only on ``seed`` and the epoch, never on ``num_workers``,
-so accel knobs that move work around cannot change what the model sees; and ``skip_next(k)``
-restarts an epoch after its first k batches, which is how ``resume`` continues mid-epoch.
+so accel knobs that move work around cannot change what the model sees; and an epoch's plan can be
+started after its first k batches (:class:`ContinuousBatches` ``start``), which is how the stateful
+training loader (``drivebench.data.epoch_stream``) resumes mid-epoch.
 """
 
 from __future__ import annotations
@@ -35,23 +36,16 @@ class EpochBatchSampler(Sampler[list[int]]):
         self.rank = rank
         self.seed = seed
         self.epoch = 0
-        self._skip = 0
         self.sampler = _EpochProxy(self)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def skip_next(self, batches: int) -> None:
-        """The next iteration starts after ``batches`` batches of its epoch (resume)."""
-        self._skip = max(int(batches), 0)
-
     def plan(self, epoch: int) -> list[list[int]]:
         raise NotImplementedError
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches = self.plan(self.epoch)
-        skip, self._skip = self._skip, 0
-        yield from batches[skip:]
+        yield from self.plan(self.epoch)
 
     def __len__(self) -> int:
         return len(self.plan(self.epoch))
@@ -132,39 +126,23 @@ def unpack_key(item: Any) -> tuple[int, int | None, bool]:
     return int(item), None, False
 
 
-class KeyedBatches(Sampler[list[SampleKey]]):
-    """One epoch of ``sampler``'s batches as :class:`SampleKey` lists (the DataLoader's batch sampler
-    for datasets with ``accepts_sample_keys``).
-
-    ``.sampler`` is the wrapped sampler's epoch proxy, so Lightning's ``set_epoch`` still reaches it.
-    """
-
-    def __init__(self, sampler: EpochBatchSampler) -> None:
-        self.batches = sampler
-        self.sampler = sampler.sampler
-
-    def __iter__(self) -> Iterator[list[SampleKey]]:
-        epoch = self.batches.epoch
-        for batch in self.batches:
-            yield keyed_batch(batch, epoch)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-
 class ContinuousBatches(Sampler[list[SampleKey]]):
-    """Epoch after epoch of ``sampler``'s batches without end, starting at ``start`` = (epoch,
-    batches to skip in it). The same batches, in the same order, as iterating the sampler epoch by
-    epoch; used by :class:`drivebench.data.epoch_stream.EpochStream`."""
+    """Epoch after epoch of ``sampler``'s batches (``epochs`` of them, or without end), starting at
+    ``start`` = (epoch, batches to skip in it). The same batches, in the same order, as iterating the
+    sampler epoch by epoch; the training loader's batch sampler
+    (:class:`drivebench.data.epoch_stream.EpochStream`)."""
 
-    def __init__(self, sampler: EpochBatchSampler, start: tuple[int, int] = (0, 0), keyed: bool = True) -> None:
+    def __init__(self, sampler: EpochBatchSampler, start: tuple[int, int] = (0, 0), keyed: bool = True,
+                 epochs: int | None = None) -> None:
         self.batches = sampler
         self.start = start
         self.keyed = keyed  # False: the sampler's items as they are (datasets that take plain indices)
+        self.epochs = epochs  # None: without end; 1: only the start epoch's (remaining) batches
 
     def __iter__(self) -> Iterator[list[SampleKey]]:
         epoch, skip = self.start
-        while True:
+        last = None if self.epochs is None else epoch + self.epochs - 1
+        while last is None or epoch <= last:
             plan = self.batches.plan(epoch)
             if not plan:
                 raise ValueError(f"epoch {epoch} has no batches for this rank: the dataset is smaller than one "

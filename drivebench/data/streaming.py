@@ -52,8 +52,8 @@ def prev_exists_for(batch_indices: Sequence[int], previous_batch_indices: Sequen
 class SequenceGroupedBatchSampler(EpochBatchSampler):
     """Batches whose slot ``j`` walks whole sequences in frame order (see module docstring).
 
-    An ``EpochBatchSampler``: Lightning's ``set_epoch`` reaches it and ``skip_next`` resumes an
-    epoch in the middle (the resumed slots then start mid-sequence with an empty model state, which
+    An ``EpochBatchSampler``: Lightning's ``set_epoch`` reaches it and the training loader can resume
+    an epoch in the middle (the resumed slots then start mid-sequence with an empty model state, which
     ``prev_exists`` of the first resumed batch does not know: the model resets on resume anyway).
 
     Args:

@@ -1,7 +1,9 @@
 """The shared LightningModule: a pure-PyTorch net, its loss and metrics, an optimizer from config.
 
 Subclasses (one per model, in ``drivebench.lit.<model>``) implement four small methods:
-``compute_loss``, ``update_metrics``, ``compute_metrics`` / ``reset_metrics`` and ``batch_size``.
+``compute_loss``, ``update_metrics``, ``compute_metrics`` and ``batch_size``; their validation
+metrics are torchmetrics ``Metric`` attributes, so Lightning moves them with the module and
+torchmetrics gathers their states over DDP ranks in ``compute``.
 Everything else (logging keys, optimizer/scheduler wiring) lives here once. The module holds the
 model, its loss, metrics and optimisation only: the copy to the device and the device transform
 are the datamodule's (``drivebench.data.device_transfer``), the timing is the step timer's.
@@ -16,8 +18,9 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
+from torchmetrics import Metric
+
 from drivebench.accel.cuda_graphs import GraphedLoss
-from drivebench.lit.metric_sync import merge_across_ranks
 
 CONFIG_KEY = "drivebench_config"  # the checkpoint entry holding the run's resolved, redacted config
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
@@ -67,11 +70,15 @@ class DriveModule(pl.LightningModule):
         """Accumulate validation metrics for one batch."""
 
     def compute_metrics(self) -> dict[str, float]:
-        """Return the validation metrics accumulated since the last reset."""
+        """Return the validation metrics accumulated since the last reset (from the metrics'
+        ``compute()``: under DDP, of every rank's samples)."""
         return {}
 
     def reset_metrics(self) -> None:
-        """Clear the validation accumulators."""
+        """Clear every validation metric (each torchmetrics ``Metric`` attribute of the module)."""
+        for module in self.modules():
+            if isinstance(module, Metric):
+                module.reset()
 
     def batch_size(self, batch: Any) -> int:
         """Number of samples (scenes) in ``batch``."""
@@ -125,16 +132,11 @@ class DriveModule(pl.LightningModule):
     def on_validation_epoch_start(self) -> None:
         self.reset_metrics()
 
-    def mergeable_metrics(self) -> list[Any]:
-        """Metrics with ``state()`` / ``merge()`` (``lit/metric_sync.py``): under DDP they are merged
-        over all ranks before ``compute_metrics``. A model whose metrics are all here gets the values
-        of the whole validation set; otherwise (empty list) per-rank values are averaged."""
-        return []
-
     def on_validation_epoch_end(self) -> None:
-        merged = merge_across_ranks(self.mergeable_metrics())
+        # every rank computes the same, global values (torchmetrics syncs the states in compute):
+        # averaging them again (sync_dist) would change nothing but cost a reduction per key
         for name, value in self.compute_metrics().items():
-            self.log(f"val/{name}", float(value), sync_dist=not merged)
+            self.log(f"val/{name}", float(value), sync_dist=False)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.run_config is not None:

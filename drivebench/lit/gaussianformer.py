@@ -47,12 +47,6 @@ class GaussianFormerModule(DriveModule):
     def compute_metrics(self) -> dict[str, float]:
         return self.metric.compute()
 
-    def reset_metrics(self) -> None:
-        self.metric.reset()
-
-    def mergeable_metrics(self) -> list[Any]:
-        return [self.metric]
-
     def batch_size(self, batch: dict[str, Any]) -> int:
         return int(batch["img"].shape[0])
 

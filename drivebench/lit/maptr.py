@@ -63,18 +63,12 @@ class MapTRModule(DriveModule):
         for i, size in enumerate(sizes):
             gt = gt_packed[start:start + size]
             start += size
-            self.chamfer_ap.add_sample(packed[i, :, 2:].reshape(-1, n_pts, 2), packed[i, :, 0],
+            self.chamfer_ap.update(packed[i, :, 2:].reshape(-1, n_pts, 2), packed[i, :, 0],
                                        packed[i, :, 1].astype(int), gt[:, :-1].reshape(size, -1, 2),
                                        gt[:, -1].astype(int))
 
     def compute_metrics(self) -> dict[str, float]:
         return self.chamfer_ap.compute()
-
-    def reset_metrics(self) -> None:
-        self.chamfer_ap.reset()
-
-    def mergeable_metrics(self) -> list[Any]:
-        return [self.chamfer_ap]
 
     def batch_size(self, batch: dict[str, Any]) -> int:
         return int(batch["img"].shape[0])

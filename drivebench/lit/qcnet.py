@@ -84,13 +84,6 @@ class QCNetModule(DriveModule):
         metrics.update({f"cv_{name}": baseline[name] for name in ("minADE", "minFDE", "MR") if name in baseline})
         return metrics
 
-    def reset_metrics(self) -> None:
-        self.model_metrics.reset()
-        self.baseline_metrics.reset()
-
-    def mergeable_metrics(self) -> list[Any]:
-        return [self.model_metrics, self.baseline_metrics]
-
     def batch_size(self, batch: dict[str, Any]) -> int:
         return int(batch["num_graphs"])
 

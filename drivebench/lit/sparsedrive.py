@@ -68,13 +68,6 @@ class SparseDriveModule(DriveModule):
     def batch_size(self, batch: dict[str, Any]) -> int:
         return int(batch["img"].shape[0])
 
-    def reset_metrics(self) -> None:
-        for metric in self.mergeable_metrics():
-            metric.reset()
-
-    def mergeable_metrics(self) -> list[Any]:
-        return [self.det_ap, self.map_ap, self.motion_metric, self.planning_metric]
-
     def compute_metrics(self) -> dict[str, float]:
         out = {f"det/{k}": v for k, v in self.det_ap.compute().items()}
         if self.net.map_head is not None:
@@ -100,7 +93,7 @@ class SparseDriveModule(DriveModule):
             pts, scores, labels = (t.cpu().numpy() for t in (elements.points, elements.scores, elements.labels))
             for i in range(b):
                 gt = batch["gt_map_pts"][i][:, 0].float().cpu().numpy()
-                self.map_ap.add_sample(pts[i], scores[i], labels[i], gt, batch["gt_map_labels"][i].cpu().numpy())
+                self.map_ap.update(pts[i], scores[i], labels[i], gt, batch["gt_map_labels"][i].cpu().numpy())
         if outputs.motion is not None:
             trajs, _ = decode_motion(dets, outputs.motion)
             trajs_np = trajs.cpu().numpy()

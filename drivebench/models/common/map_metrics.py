@@ -16,12 +16,13 @@ As upstream MapTR's ``_evaluate_single`` -> ``eval_map`` -> ``custom_tpfp_gen``:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import shapely
+import torch
 
+from drivebench.models.common.sample_records import SampleRecords
 from drivebench.polylines import resample
 
 MAP_CLASSES = ("divider", "ped_crossing", "boundary")
@@ -84,15 +85,12 @@ def average_precision(recalls: np.ndarray, precisions: np.ndarray) -> float:
     return float(np.sum((mrec[steps + 1] - mrec[steps]) * mpre[steps + 1]))
 
 
-@dataclass
-class _ClassRecord:
-    confidences: list[np.ndarray] = field(default_factory=list)
-    tp: dict[float, list[np.ndarray]] = field(default_factory=dict)
-    num_gts: int = 0
+class ChamferMapAP(SampleRecords):
+    """Accumulates samples over a validation epoch, then reports chamfer AP (a torchmetrics
+    ``Metric``: under DDP, ``compute`` ranks every rank's predictions together).
 
-
-class ChamferMapAP:
-    """Accumulates samples over a validation epoch, then reports chamfer AP.
+    State: per prediction its confidence, class and true-positive flag at each threshold (decided
+    per sample at ``update``, as upstream's ``custom_tpfp_gen``), and the ground-truth count per class.
 
     Args:
         class_names: names of the class ids 0..C-1.
@@ -101,66 +99,55 @@ class ChamferMapAP:
     """
 
     def __init__(self, class_names: Sequence[str] = MAP_CLASSES, thresholds: Sequence[float] = CHAMFER_THRESHOLDS,
-                 num_sample_pts: int = 100) -> None:
+                 num_sample_pts: int = 100, **kwargs: Any) -> None:
+        super().__init__({"score": 1, "label": 1, "tp": 2}, **kwargs)
         self.class_names = tuple(class_names)
         self.thresholds = tuple(float(t) for t in thresholds)
         self.num_sample_pts = num_sample_pts
-        self.reset()
+        self.add_state("num_gts", default=torch.zeros(len(self.class_names), dtype=torch.long), dist_reduce_fx="sum",
+                       persistent=False)
 
-    def reset(self) -> None:
-        self._records = [_ClassRecord(tp={t: [] for t in self.thresholds}) for _ in self.class_names]
-
-    def state(self) -> list[_ClassRecord]:
-        """What this process accumulated (numpy only), for :meth:`merge` on every DDP rank."""
-        return self._records
-
-    def merge(self, states: Sequence[list[_ClassRecord]]) -> None:
-        """Become the union of ``states`` (every rank's, this one's included): AP then ranks every
-        prediction of the whole validation set, as one process would."""
-        merged = [_ClassRecord(tp={t: [] for t in self.thresholds}) for _ in self.class_names]
-        for records in states:
-            for into, record in zip(merged, records):
-                into.confidences.extend(record.confidences)
-                into.num_gts += record.num_gts
-                for thr in self.thresholds:
-                    into.tp[thr].extend(record.tp[thr])
-        self._records = merged
-
-    def add_sample(self, pred_pts: np.ndarray, pred_scores: np.ndarray, pred_labels: np.ndarray,
-                   gt_pts: np.ndarray, gt_labels: np.ndarray) -> None:
+    def update(self, pred_pts: np.ndarray, pred_scores: np.ndarray, pred_labels: np.ndarray,
+               gt_pts: np.ndarray, gt_labels: np.ndarray) -> None:
         """One sample: predictions (n, P, 2) with confidences and labels, ground truth (m, P', 2) in metres."""
         pred_pts, gt_pts = np.asarray(pred_pts, np.float64), np.asarray(gt_pts, np.float64)
-        pred_scores, pred_labels = np.asarray(pred_scores, np.float64), np.asarray(pred_labels)
+        pred_scores, pred_labels = np.asarray(pred_scores, np.float64), np.asarray(pred_labels).astype(np.int64)
         gt_labels = np.asarray(gt_labels)
         k = self.num_sample_pts
-        for cls, record in enumerate(self._records):
+        tp = np.zeros((len(pred_scores), len(self.thresholds)), dtype=np.float32)
+        num_gts = np.zeros(len(self.class_names), dtype=np.int64)
+        for cls in range(len(self.class_names)):
             pred_sel = pred_labels == cls
             gt_sel = gt_labels == cls
             preds = np.stack([resample(p, k) for p in pred_pts[pred_sel]]) if pred_sel.any() \
                 else np.zeros((0, k, 2))
             gts = np.stack([resample(g, k) for g in gt_pts[gt_sel]]) if gt_sel.any() \
                 else np.zeros((0, k, 2))
-            conf = pred_scores[pred_sel]
             matrix = chamfer_score_matrix(preds, gts)
-            record.confidences.append(conf)
-            record.num_gts += len(gts)
-            for thr in self.thresholds:
-                tp, _ = tp_fp_greedy(matrix, conf, thr)
-                record.tp[thr].append(tp)
+            num_gts[cls] = len(gts)
+            for t, thr in enumerate(self.thresholds):
+                tp[pred_sel, t], _ = tp_fp_greedy(matrix, pred_scores[pred_sel], thr)
+        known = (pred_labels >= 0) & (pred_labels < len(self.class_names))
+        self.append_sample(score=pred_scores[known], label=pred_labels[known], tp=tp[known])
+        self.num_gts += torch.as_tensor(num_gts, device=self.device)
 
     def compute(self) -> dict[str, float]:
         """``mAP``, ``mAP@{thr}``, ``AP_{class}`` (mean over thresholds) and ``AP_{class}@{thr}``."""
         results: dict[str, float] = {}
+        scores, labels = self.concatenated("score"), self.concatenated("label")
+        tp = self.concatenated("tp").reshape(-1, len(self.thresholds))  # (0, T) also before any update
+        num_gts = self.num_gts.cpu().tolist()
         table = np.zeros((len(self.thresholds), len(self.class_names)))
-        for c, (name, record) in enumerate(zip(self.class_names, self._records)):
-            conf = np.concatenate(record.confidences) if record.confidences else np.zeros(0)
-            order = np.argsort(-conf, kind="stable")
+        for c, name in enumerate(self.class_names):
+            sel = labels == c
+            # a class's predictions in sample order, as upstream concatenates them, then ranked
+            order = np.argsort(-scores[sel], kind="stable")
             for t, thr in enumerate(self.thresholds):
-                tp = np.concatenate(record.tp[thr])[order] if record.tp[thr] else np.zeros(0)
-                tp_cum = np.cumsum(tp)
-                fp_cum = np.cumsum(1.0 - tp)
+                tp_sorted = tp[sel, t][order]
+                tp_cum = np.cumsum(tp_sorted)
+                fp_cum = np.cumsum(1.0 - tp_sorted)
                 eps = np.finfo(np.float32).eps
-                recalls = tp_cum / max(record.num_gts, eps)
+                recalls = tp_cum / max(int(num_gts[c]), eps)
                 precisions = tp_cum / np.maximum(tp_cum + fp_cum, eps)
                 table[t, c] = average_precision(recalls, precisions)
                 results[f"AP_{name}@{thr}"] = float(table[t, c])

@@ -1,14 +1,16 @@
 """Occupancy metrics as upstream's ``MeanIoU``: mIoU over the semantic classes and geometry IoU.
 
 Accumulates a (C x C) confusion matrix on the device (``index_add_``: no host sync per batch); all
-numbers are derived from it at the end.
+numbers are derived from it at the end. A torchmetrics ``Metric``: the matrix is a ``sum`` state, so
+under DDP ``compute`` derives the numbers from every rank's voxels.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
+from torchmetrics import Metric
 
 SURROUNDOCC_CLASS_NAMES = (
     "others", "barrier", "bicycle", "bus", "car", "construction_vehicle", "motorcycle", "pedestrian",
@@ -17,32 +19,30 @@ SURROUNDOCC_CLASS_NAMES = (
 )
 
 
-class OccupancyMetric:
+class OccupancyMetric(Metric):
     """mIoU over ``semantic_classes`` (upstream: 1..16) and IoU of occupied (label != empty) vs empty.
 
     As upstream: only voxels of the mask count; a class never seen in the ground truth scores IoU 1;
     results are in percent.
     """
 
+    full_state_update = False
+
     def __init__(self, num_classes: int = 18, semantic_classes: Sequence[int] = tuple(range(1, 17)),
-                 empty_label: int = 17, class_names: Sequence[str] = SURROUNDOCC_CLASS_NAMES) -> None:
+                 empty_label: int = 17, class_names: Sequence[str] = SURROUNDOCC_CLASS_NAMES, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.num_classes = num_classes
         self.semantic_classes = tuple(semantic_classes)
         self.empty_label = empty_label
         self.class_names = tuple(class_names)
-        self.confusion: torch.Tensor | None = None
+        self.add_state("confusion", default=torch.zeros(num_classes * num_classes, dtype=torch.long),
+                       dist_reduce_fx="sum", persistent=False)
 
-    def reset(self) -> None:
-        self.confusion = None
-
-    @torch.no_grad()
     def update(self, pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """Add predictions and labels of the same shape (integer classes); ``mask`` selects voxels."""
         if pred.shape != target.shape:
             raise ValueError(f"prediction shape {tuple(pred.shape)} != label shape {tuple(target.shape)}")
         c = self.num_classes
-        if self.confusion is None:
-            self.confusion = torch.zeros(c * c, dtype=torch.long, device=target.device)
         valid = (target >= 0) & (target < c) & (pred >= 0) & (pred < c)
         if mask is not None:
             valid = valid & mask
@@ -50,19 +50,9 @@ class OccupancyMetric:
         self.confusion.index_add_(0, index, valid.reshape(-1).long())
 
     def confusion_matrix(self) -> torch.Tensor:
-        """(C, C) counts, rows = ground truth, columns = prediction (under DDP, after :meth:`merge`:
-        of every rank)."""
-        conf = self.confusion if self.confusion is not None else torch.zeros(self.num_classes ** 2, dtype=torch.long)
-        return conf.view(self.num_classes, self.num_classes)
-
-    def state(self) -> torch.Tensor | None:
-        """The confusion counts on the host (None before any update), for :meth:`merge`."""
-        return None if self.confusion is None else self.confusion.detach().cpu()
-
-    def merge(self, states) -> None:
-        """Become the union of ``states`` (every rank's): the summed confusion matrix."""
-        present = [s for s in states if s is not None]
-        self.confusion = torch.stack(present).sum(0) if present else None
+        """(C, C) counts, rows = ground truth, columns = prediction (inside ``compute`` under DDP: of
+        every rank)."""
+        return self.confusion.view(self.num_classes, self.num_classes)
 
     def compute(self) -> dict[str, float]:
         conf = self.confusion_matrix().double().cpu()

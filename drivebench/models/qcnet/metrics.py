@@ -13,7 +13,10 @@ Everything works on tensors with masks (no boolean indexing), so updates do not 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torchmetrics import Metric
 
 from drivebench.models.qcnet.vocab import STEP_SECONDS
 
@@ -70,19 +73,22 @@ def constant_velocity_forecast(velocity: torch.Tensor, heading: torch.Tensor, nu
     return v_local.unsqueeze(1) * t[:, None]
 
 
-class MotionMetrics:
-    """Accumulates :func:`per_agent_metrics` over batches for the agents selected by ``agent_mask``."""
+class MotionMetrics(Metric):
+    """Accumulates :func:`per_agent_metrics` over batches for the agents selected by ``agent_mask``.
+
+    A torchmetrics ``Metric``: per-metric sums and the agent count are ``sum`` states, so under DDP
+    ``compute`` gives means over every rank's agents (each agent weighs once, whichever rank saw it).
+    """
 
     names = ("minADE", "minFDE", "MR", "brier", "brier_minFDE")
+    full_state_update = False
 
-    def __init__(self, k: int = 6, miss_threshold: float = 2.0) -> None:
+    def __init__(self, k: int = 6, miss_threshold: float = 2.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.k = k
         self.miss_threshold = miss_threshold
-        self.reset()
-
-    def reset(self) -> None:
-        self._sums: dict[str, torch.Tensor] | None = None
-        self._count: torch.Tensor | None = None
+        self.add_state("sums", default=torch.zeros(len(self.names)), dist_reduce_fx="sum", persistent=False)
+        self.add_state("agents", default=torch.zeros(()), dist_reduce_fx="sum", persistent=False)
 
     def update(self, pred: torch.Tensor, target: torch.Tensor, valid: torch.Tensor, prob: torch.Tensor | None = None,
                agent_mask: torch.Tensor | None = None) -> None:
@@ -90,39 +96,16 @@ class MotionMetrics:
         weight = values["counted"].float()
         if agent_mask is not None:
             weight = weight * agent_mask.float()
-        sums = {name: (values[name] * weight).sum() for name in self.names}
-        if self._sums is None:
-            self._sums, self._count = sums, weight.sum()
-        else:
-            self._sums = {name: self._sums[name] + sums[name] for name in self.names}
-            self._count = self._count + weight.sum()
-
-    def state(self) -> tuple[dict[str, torch.Tensor], torch.Tensor] | None:
-        """Sums and agent count on the host (None before any update), for :meth:`merge`."""
-        if self._sums is None:
-            return None
-        return {k: v.detach().cpu() for k, v in self._sums.items()}, self._count.detach().cpu()
-
-    def merge(self, states) -> None:
-        """Become the union of ``states`` (every rank's): means weighted by each rank's agents."""
-        states = [s for s in states if s is not None]
-        self.reset()
-        for sums, count in states:
-            if self._sums is None:
-                self._sums, self._count = dict(sums), count.clone()
-            else:
-                self._sums = {name: self._sums[name] + sums[name] for name in self.names}
-                self._count = self._count + count
+        self.sums += torch.stack([(values[name] * weight).sum() for name in self.names])
+        self.agents += weight.sum()
 
     def compute(self) -> dict[str, float]:
         """Means over the counted agents (reads back to the host); empty dict before any agent."""
-        if self._sums is None:
-            return {}
-        count = float(self._count)
+        count = float(self.agents)
         if count == 0:
             return {}
-        return {name: float(value) / count for name, value in self._sums.items()}
+        return {name: float(value) / count for name, value in zip(self.names, self.sums.tolist())}
 
     @property
     def count(self) -> float:
-        return 0.0 if self._count is None else float(self._count)
+        return float(self.agents)

@@ -20,11 +20,13 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
+from torchmetrics import Metric
 
+from drivebench.models.common.sample_records import SampleRecords
 from drivebench.models.sparsedrive.boxes import boxes_overlap_bev
 from drivebench.models.sparsedrive.decode import ego_boxes
 
@@ -89,28 +91,18 @@ def greedy_center_match(pred_xy: list[np.ndarray], pred_scores: list[np.ndarray]
     return np.array(tp), np.array(fp), matches
 
 
-class DetectionAP:
-    """nuScenes detection mAP over accumulated samples (see module docstring)."""
+class DetectionAP(SampleRecords):
+    """nuScenes detection mAP over accumulated samples (see module docstring); a torchmetrics
+    ``Metric`` whose samples are gathered from every DDP rank before ``compute``."""
 
     def __init__(self, class_names: Sequence[str], dist_ths: Sequence[float] = (0.5, 1.0, 2.0, 4.0),
                  class_range: dict[str, float] | None = None, min_recall: float = 0.1, min_precision: float = 0.1,
-                 max_boxes_per_sample: int = 500) -> None:
+                 max_boxes_per_sample: int = 500, **kwargs: Any) -> None:
+        super().__init__({"pred_xy": 2, "score": 1, "label": 1, "gt_xy": 2, "gt_label": 1}, **kwargs)
         self.class_names = list(class_names)
         self.dist_ths = tuple(dist_ths)
         self.class_range = dict(NUSCENES_CLASS_RANGE if class_range is None else class_range)
         self.min_recall, self.min_precision, self.max_boxes = min_recall, min_precision, max_boxes_per_sample
-        self.reset()
-
-    def reset(self) -> None:
-        self.samples: list[dict[str, np.ndarray]] = []
-
-    def state(self) -> list[dict[str, np.ndarray]]:
-        """The accumulated samples, for :meth:`merge` on every DDP rank."""
-        return self.samples
-
-    def merge(self, states: Sequence[list[dict[str, np.ndarray]]]) -> None:
-        """Become the union of ``states`` (every rank's, this one's included)."""
-        self.samples = [sample for samples in states for sample in samples]
 
     def update(self, boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, gt_boxes: np.ndarray,
                gt_labels: np.ndarray, lidar2ego: np.ndarray | None = None) -> None:
@@ -119,8 +111,8 @@ class DetectionAP:
         boxes, scores, labels = boxes[order], scores[order], labels[order]
         keep_p = self._in_range(boxes, labels, lidar2ego)
         keep_g = self._in_range(gt_boxes, gt_labels, lidar2ego)
-        self.samples.append(dict(pred_xy=boxes[keep_p, :2], score=scores[keep_p], label=labels[keep_p],
-                                 gt_xy=gt_boxes[keep_g, :2], gt_label=gt_labels[keep_g]))
+        self.append_sample(pred_xy=boxes[keep_p, :2], score=scores[keep_p], label=labels[keep_p],
+                           gt_xy=gt_boxes[keep_g, :2], gt_label=gt_labels[keep_g])
 
     def _in_range(self, boxes: np.ndarray, labels: np.ndarray, lidar2ego: np.ndarray | None) -> np.ndarray:
         if len(boxes) == 0:
@@ -128,13 +120,15 @@ class DetectionAP:
         limit = np.array([self.class_range.get(self.class_names[int(c)], np.inf) for c in labels])
         return _ego_xy_dist(boxes, lidar2ego) < limit
 
-    def class_ap(self, cls: int, dist_th: float) -> float:
-        npos = sum(int((s["gt_label"] == cls).sum()) for s in self.samples)
+    def class_ap(self, cls: int, dist_th: float, samples: list[dict[str, np.ndarray]] | None = None) -> float:
+        """AP of class ``cls`` at one matching distance (``samples``: :meth:`samples`, read once by ``compute``)."""
+        samples = self.samples() if samples is None else samples
+        npos = sum(int((s["gt_label"] == cls).sum()) for s in samples)
         if npos == 0:
             return 0.0
-        pred_xy = [s["pred_xy"][s["label"] == cls] for s in self.samples]
-        pred_sc = [s["score"][s["label"] == cls] for s in self.samples]
-        gt_xy = [s["gt_xy"][s["gt_label"] == cls] for s in self.samples]
+        pred_xy = [s["pred_xy"][s["label"] == cls] for s in samples]
+        pred_sc = [s["score"][s["label"] == cls] for s in samples]
+        gt_xy = [s["gt_xy"][s["gt_label"] == cls] for s in samples]
         tp, fp, _ = greedy_center_match(pred_xy, pred_sc, gt_xy, dist_th)
         if tp.sum() == 0:
             return 0.0
@@ -143,8 +137,9 @@ class DetectionAP:
     def compute(self) -> dict[str, float]:
         out: dict[str, float] = {}
         aps = []
+        samples = self.samples()
         for c, name in enumerate(self.class_names):
-            ap = float(np.mean([self.class_ap(c, th) for th in self.dist_ths]))
+            ap = float(np.mean([self.class_ap(c, th, samples) for th in self.dist_ths]))
             out[f"AP/{name}"] = ap
             aps.append(ap)
         out["mAP"] = float(np.mean(aps)) if aps else 0.0
@@ -154,34 +149,25 @@ class DetectionAP:
 MOTION_GROUPS = {"car": (0, 1, 2, 3, 4, 6, 7), "pedestrian": (8,)}
 
 
-class MotionMetric:
-    """minADE / minFDE / MR / EPA per upstream group (see module docstring)."""
+class MotionMetric(SampleRecords):
+    """minADE / minFDE / MR / EPA per upstream group (see module docstring); a torchmetrics ``Metric``
+    whose samples are gathered from every DDP rank before ``compute``."""
 
     def __init__(self, groups: dict[str, Sequence[int]] | None = None, dist_th: float = 2.0, miss_th: float = 2.0,
-                 score_threshold: float = 0.2) -> None:
+                 score_threshold: float = 0.2, **kwargs: Any) -> None:
+        super().__init__({"xy": 2, "score": 1, "label": 1, "traj": 4, "gt_xy": 2, "gt_label": 1, "gt_traj": 3,
+                          "gt_mask": 2}, bool_fields=("gt_mask",), **kwargs)
         self.groups = {k: tuple(v) for k, v in (groups or MOTION_GROUPS).items()}
         self.dist_th, self.miss_th, self.score_threshold = dist_th, miss_th, score_threshold
-        self.reset()
-
-    def reset(self) -> None:
-        self.samples: list[dict[str, np.ndarray]] = []
-
-    def state(self) -> list[dict[str, np.ndarray]]:
-        """The accumulated samples, for :meth:`merge` on every DDP rank."""
-        return self.samples
-
-    def merge(self, states: Sequence[list[dict[str, np.ndarray]]]) -> None:
-        """Become the union of ``states`` (every rank's, this one's included)."""
-        self.samples = [sample for samples in states for sample in samples]
 
     def update(self, boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, trajs: np.ndarray,
                gt_boxes: np.ndarray, gt_labels: np.ndarray, gt_trajs: np.ndarray, gt_masks: np.ndarray) -> None:
         """Predicted (K, 9) boxes, (K,) scores/labels, (K, M, T, 2) absolute futures; GT (G, 9) boxes,
         (G,) labels, (G, T, 2) future offsets from the box centre, (G, T) masks."""
         keep = scores >= self.score_threshold
-        self.samples.append(dict(xy=boxes[keep, :2], score=scores[keep], label=labels[keep], traj=trajs[keep],
-                                 gt_xy=gt_boxes[:, :2], gt_label=gt_labels,
-                                 gt_traj=gt_trajs + gt_boxes[:, None, :2], gt_mask=gt_masks.astype(bool)))
+        self.append_sample(xy=boxes[keep, :2], score=scores[keep], label=labels[keep], traj=trajs[keep],
+                           gt_xy=gt_boxes[:, :2], gt_label=gt_labels,
+                           gt_traj=gt_trajs + gt_boxes[:, None, :2], gt_mask=gt_masks.astype(bool))
 
     @staticmethod
     def displacement(pred: np.ndarray, gt: np.ndarray, mask: np.ndarray, miss_th: float) -> tuple[float, float, float]:
@@ -194,16 +180,17 @@ class MotionMetric:
 
     def compute(self) -> dict[str, float]:
         out: dict[str, float] = {}
+        samples = self.samples()
         for name, classes in self.groups.items():
-            sel_p = [np.isin(s["label"], classes) for s in self.samples]
-            sel_g = [np.isin(s["gt_label"], classes) for s in self.samples]
+            sel_p = [np.isin(s["label"], classes) for s in samples]
+            sel_g = [np.isin(s["gt_label"], classes) for s in samples]
             npos = int(sum(g.sum() for g in sel_g))
-            tp, fp, matches = greedy_center_match([s["xy"][m] for s, m in zip(self.samples, sel_p)],
-                                                  [s["score"][m] for s, m in zip(self.samples, sel_p)],
-                                                  [s["gt_xy"][m] for s, m in zip(self.samples, sel_g)], self.dist_th)
+            tp, fp, matches = greedy_center_match([s["xy"][m] for s, m in zip(samples, sel_p)],
+                                                  [s["score"][m] for s, m in zip(samples, sel_p)],
+                                                  [s["gt_xy"][m] for s, m in zip(samples, sel_g)], self.dist_th)
             errs = []
             for k, j, g in matches:
-                s = self.samples[k]
+                s = samples[k]
                 pred = s["traj"][sel_p[k]][j]
                 errs.append(self.displacement(pred, s["gt_traj"][sel_g[k]][g], s["gt_mask"][sel_g[k]][g], self.miss_th))
             arr = np.array(errs) if errs else np.ones((1, 3))
@@ -215,31 +202,21 @@ class MotionMetric:
         return out
 
 
-class PlanningMetric:
-    """Planning L2 and collision rate at 1/2/3 s (see module docstring)."""
+class PlanningMetric(Metric):
+    """Planning L2 and collision rate at 1/2/3 s (see module docstring); a torchmetrics ``Metric``
+    of per-step sums and a sample count, summed over DDP ranks before ``compute``."""
+
+    full_state_update = False
 
     def __init__(self, steps: int = 6, ego_size: tuple[float, float, float] = (1.85, 4.084, 1.56),
-                 forward_yaw: float = math.pi / 2) -> None:
+                 forward_yaw: float = math.pi / 2, **kwargs: Any) -> None:
         """``forward_yaw``: the ego's heading in the lidar frame (pi/2 for nuScenes' LIDAR_TOP)."""
+        super().__init__(**kwargs)
         self.steps, self.ego_size, self.forward_yaw = steps, ego_size, forward_yaw
-        self.reset()
-
-    def reset(self) -> None:
-        self.l2 = np.zeros(self.steps)
-        self.collision = np.zeros(self.steps)
-        self.total = 0
-
-    def state(self) -> tuple[np.ndarray, np.ndarray, int]:
-        """Sums and count, for :meth:`merge` on every DDP rank."""
-        return self.l2, self.collision, self.total
-
-    def merge(self, states: Sequence[tuple[np.ndarray, np.ndarray, int]]) -> None:
-        """Become the union of ``states`` (every rank's, this one's included)."""
-        self.reset()
-        for l2, collision, total in states:
-            self.l2 = self.l2 + l2
-            self.collision = self.collision + collision
-            self.total += int(total)
+        self.add_state("l2", default=torch.zeros(steps, dtype=torch.float64), dist_reduce_fx="sum", persistent=False)
+        self.add_state("collision", default=torch.zeros(steps, dtype=torch.float64), dist_reduce_fx="sum",
+                       persistent=False)
+        self.add_state("total", default=torch.zeros((), dtype=torch.long), dist_reduce_fx="sum", persistent=False)
 
     def update(self, plan: np.ndarray, gt_plan: np.ndarray, gt_mask: np.ndarray, gt_boxes: np.ndarray,
                gt_agent_trajs: np.ndarray, gt_agent_masks: np.ndarray) -> None:
@@ -248,10 +225,11 @@ class PlanningMetric:
         t = self.steps
         if not gt_mask[:t].all():  # upstream: incomplete ego futures are not counted
             return
-        self.l2 += np.linalg.norm(plan[:t] - gt_plan[:t], axis=-1)
+        self.l2 += torch.as_tensor(np.linalg.norm(plan[:t] - gt_plan[:t], axis=-1), dtype=torch.float64,
+                                   device=self.device)
         pred_hit = self.collides(plan[:t], gt_boxes, gt_agent_trajs[:, :t], gt_agent_masks[:, :t])
         gt_hit = self.collides(gt_plan[:t], gt_boxes, gt_agent_trajs[:, :t], gt_agent_masks[:, :t])
-        self.collision += (pred_hit & ~gt_hit).astype(float)
+        self.collision += torch.as_tensor((pred_hit & ~gt_hit).astype(float), device=self.device)
         self.total += 1
 
     def collides(self, plan: np.ndarray, boxes: np.ndarray, trajs: np.ndarray, masks: np.ndarray) -> np.ndarray:
@@ -266,10 +244,11 @@ class PlanningMetric:
         return hit.any(dim=0).numpy()
 
     def compute(self) -> dict[str, float]:
-        if self.total == 0:
+        total = int(self.total)
+        if total == 0:
             return {}
-        l2 = self.l2 / self.total
-        col = self.collision / self.total
+        l2 = self.l2.cpu().numpy() / total
+        col = self.collision.cpu().numpy() / total
         out: dict[str, float] = {}
         for seconds, idx in ((1, 1), (2, 3), (3, 5)):
             if idx < self.steps:
