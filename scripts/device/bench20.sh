@@ -7,11 +7,11 @@
 export LIMIT=${LIMIT:-265}; source scripts/device/lib.sh || exit 1
 export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0
 log "=== pytest -m gpu"
-timeout 75 python3 -m pytest -q -p no:cacheprovider -m gpu --tb=line tests/ > "$OUT/pytest_gpu.txt" 2>&1
+timeout 45 python3 -m pytest -q -p no:cacheprovider -m gpu --tb=line tests/test_qcnet_static_shapes.py tests/test_step_timer.py tests/test_device_prefetch.py > "$OUT/pytest_gpu.txt" 2>&1
 grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.txt" | tail -8 | tee -a "$OUT/log.txt"
-run qcnet_max_profile 80 model=qcnet accel=max bench.profile=10 bench.steps=30 bench.val_batches=0 bench.ceiling=false ckpt=none
+run qcnet_max_profile 105 model=qcnet accel=max bench.profile=10 bench.steps=30 bench.val_batches=0 bench.ceiling=false ckpt=none
 grep -E "^(bottleneck|  evidence|  next|profile|  host in aten|  kernels|  GPU|  top)" "$RUNS/qcnet_max_profile.log" | tee -a "$OUT/log.txt"
 find "$RUNS" -name '*.pt.trace.json.gz' -size +8M -delete; bundle
-run qcnet_readme_command 150 model=qcnet accel=max
+run qcnet_readme_command 120 model=qcnet accel=max
 tail -32 "$RUNS/qcnet_readme_command.log" > "$OUT/readme_excerpt.txt"
 log "done in $(( $(date +%s) - START ))s"
