@@ -43,6 +43,7 @@ from drivebench.perf.profiler import ProfileSteps
 from drivebench.perf.stats import describe
 from drivebench.perf.summary import SCHEMA_VERSION, loss_summary, phase_stats, render_table, write_summary
 from drivebench.perf.system import SystemMonitor
+from drivebench.perf.targets import parse_target
 
 log = logging.getLogger("drivebench")
 
@@ -56,6 +57,31 @@ def _resolve_count(value: Any, gpu_default: int, cpu_default: int, key: str, on_
     return value
 
 
+def _resolve_val_batches(value: Any) -> int | float:
+    """``bench.val_batches``: a number of batches (0 = no validation) or ``all`` (Lightning's 1.0)."""
+    if value == "all":
+        return 1.0
+    if value is None or value is False:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"bench.val_batches={value!r} is not valid; use a number of batches >= 0 or 'all'")
+    return value
+
+
+def _resolve_targets(value: Any) -> list[str]:
+    """``bench.targets``: quality targets checked before any work, recorded as written without spaces
+    (summary ``targets``)."""
+    if value is None:
+        return []
+    labels = []
+    for item in [value] if isinstance(value, str) else list(value):
+        try:
+            labels.append(parse_target(item).label)
+        except ValueError as err:
+            raise ConfigError(f"bench.targets={item!r} is not valid: {err}") from None
+    return labels
+
+
 def _resolve_profile(value: Any) -> int:
     """``bench.profile``: steps to profile; 0, null or false = off."""
     if value is None or value is False:
@@ -67,7 +93,8 @@ def _resolve_profile(value: Any) -> int:
 
 class TrainBench:
     """Args (conf/bench/train.yaml documents each): mode, warmup_steps, steps, max_minutes,
-    val_batches, ceiling, ceiling_warmup_steps, ceiling_steps, sync_each_step, log_every_n_steps, profile."""
+    val_batches, ceiling, ceiling_warmup_steps, ceiling_steps, sync_each_step, log_every_n_steps, profile,
+    targets."""
 
     runs_training = True
     runs_ceiling = True
@@ -76,7 +103,8 @@ class TrainBench:
     def __init__(self, mode: str = "train", warmup_steps: int = 10, steps: Any = "auto",
                  max_minutes: float | None = None, val_batches: int = 20, ceiling: bool = True,
                  ceiling_warmup_steps: int = 5, ceiling_steps: Any = "auto", loader_batches: Any = "auto",
-                 sync_each_step: bool = False, log_every_n_steps: int = 1, profile: Any = None) -> None:
+                 sync_each_step: bool = False, log_every_n_steps: int = 1, profile: Any = None,
+                 targets: Any = None) -> None:
         self.mode = mode
         self.warmup_steps = warmup_steps
         self.steps = steps
@@ -89,6 +117,7 @@ class TrainBench:
         self.sync_each_step = sync_each_step
         self.log_every_n_steps = log_every_n_steps
         self.profile = profile
+        self.targets = targets
 
     # ---- entry -------------------------------------------------------------------------------
     def run(self, run: Run) -> dict[str, Any]:
@@ -98,6 +127,8 @@ class TrainBench:
         self.loader_batches = _resolve_count(self.loader_batches, 200, 30, "bench.loader_batches", on_gpu)
         self.warmup_steps = _resolve_count(self.warmup_steps, 0, 0, "bench.warmup_steps", on_gpu)
         self.profile = _resolve_profile(self.profile)
+        self.val_batches = _resolve_val_batches(self.val_batches)
+        self.targets = _resolve_targets(self.targets)
         summary = self._base_summary(run)
         monitor = SystemMonitor(torch.cuda.current_device() if on_gpu else None)
         logger = run.logger()
@@ -177,7 +208,7 @@ class TrainBench:
             **run.trainer_kwargs(), logger=phase_logger(logger, FIT), callbacks=callbacks, max_steps=max_steps,
             max_epochs=cfg.trainer.max_epochs,
             max_time=dt.timedelta(minutes=self.max_minutes) if self.max_minutes else None,
-            limit_val_batches=(self.val_batches or 0) if validate_during_fit else 0,
+            limit_val_batches=self.val_batches if validate_during_fit else 0,
             check_val_every_n_epoch=cfg.trainer.check_val_every_n_epoch,
             val_check_interval=cfg.trainer.val_check_interval,
             log_every_n_steps=cfg.trainer.log_every_n_steps, gradient_clip_val=cfg.trainer.gradient_clip_val,
@@ -339,6 +370,7 @@ class TrainBench:
                 "parameters": sum(p.numel() for p in run.module.net.parameters()),
                 "trainable_parameters": sum(p.numel() for p in run.module.net.parameters() if p.requires_grad),
             },
+            "targets": self.targets,
             "memory": {},
             "config": redact(OmegaConf.to_container(cfg, resolve=True)),
             "paths": {"output_dir": str(run.output_dir)},

@@ -7,50 +7,15 @@ of the same model and data on the same machine.
 from __future__ import annotations
 
 import math
-import operator
-import re
-from dataclasses import dataclass
-from typing import Callable
 
 import pandas as pd
 
+from drivebench.perf.targets import Target, parse_target  # noqa: F401 (the report's names for them)
 from drivebench.report.events import CEILING
 
 BASELINE_SETTING = "none"
 GROUP = ["machine", "model", "model_size", "data", "bench"]
-_OPS: dict[str, Callable[[float, float], bool]] = {
-    "<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
-_TARGET = re.compile(r"^\s*(?P<metric>[^<>=\s]+)\s*(?P<op><=|>=|<|>)\s*(?P<value>[-+0-9.eE]+)\s*$")
 _PREFIXES = ("", "val/", "train/", "perf/")
-
-
-@dataclass(frozen=True)
-class Target:
-    """A quality target such as ``val/minFDE<=2.0``: reached at the first logged value that meets it."""
-
-    metric: str
-    op: str
-    value: float
-    value_text: str = ""  # the number as the user wrote it, so column names echo the command line
-
-    @property
-    def label(self) -> str:
-        return f"{self.metric}{self.op}{self.value_text or repr(self.value)}"
-
-    def met(self, value: float) -> bool:
-        return _OPS[self.op](value, self.value)
-
-
-def parse_target(text: str) -> Target:
-    """``METRIC<=VALUE`` (also >=, <, >); ValueError naming the text and the form otherwise."""
-    match = _TARGET.match(text)
-    if match is None:
-        raise ValueError(f"target {text!r} is not METRIC<=VALUE (or >=, <, >), e.g. val/minFDE<=2.0")
-    try:
-        value = float(match["value"])
-    except ValueError:
-        raise ValueError(f"target {text!r}: {match['value']!r} is not a number") from None
-    return Target(match["metric"], match["op"], value, match["value"])
 
 
 # ---- ordering and baselines -----------------------------------------------------------------------
@@ -138,21 +103,53 @@ def resolve_metric(tags: set[str], metric: str) -> str | None:
     return None
 
 
+def _series(scalars: pd.DataFrame, tag: str) -> pd.DataFrame:
+    """One tag's points in step order, the last value logged at each step kept."""
+    part = scalars[scalars["tag"] == tag].sort_values(["step", "wall_time"])
+    return part.drop_duplicates("step", keep="last") if not part.empty else part
+
+
 def time_to_target(scalars: pd.DataFrame, target: Target) -> dict[str, float | str]:
     """First step (and seconds since training began) where one run's series meets ``target``.
 
-    ``state`` is ``reached``, ``not reached`` (logged, never met) or ``no series`` (never logged).
+    ``state`` is ``reached``, ``not reached`` (logged, never met) or ``no series`` (the metric, or the
+    reference metric of a relative target, never logged). A relative target is checked at the steps
+    where both metrics were logged.
     """
     usable = scalars[scalars["phase"] != CEILING] if not scalars.empty else scalars
-    tag = resolve_metric(set(usable["tag"]) if not usable.empty else set(), target.metric)
-    if tag is None:
+    tags = set(usable["tag"]) if not usable.empty else set()
+    tag = resolve_metric(tags, target.metric)
+    reference = resolve_metric(tags, target.reference) if target.reference else None
+    if tag is None or (target.reference and reference is None):
         return {"state": "no series", "step": math.nan, "elapsed_s": math.nan}
     series = usable[usable["tag"] == tag].sort_values(["step", "wall_time"])
-    hits = series[[target.met(v) for v in series["value"]]]
+    if reference is not None:
+        refs = _series(usable, reference).set_index("step")["value"]
+        series = series[series["step"].isin(refs.index)]
+        hits = series[[target.met(v, refs[s]) for v, s in zip(series["value"], series["step"])]]
+    else:
+        hits = series[[target.met(v) for v in series["value"]]]
     if hits.empty:
         return {"state": "not reached", "step": math.nan, "elapsed_s": math.nan}
     first = hits.iloc[0]
     return {"state": "reached", "step": float(first["step"]), "elapsed_s": float(first["elapsed_s"])}
+
+
+def with_recorded_targets(targets: list[Target], runs: pd.DataFrame) -> list[Target]:
+    """``targets`` followed by every target a run recorded (``bench.targets``) that is not among them."""
+    out = list(targets)
+    labels = {t.label for t in out}
+    recorded = runs["targets"] if "targets" in runs else []
+    for text in recorded:
+        for word in str(text).split() if isinstance(text, str) else []:
+            try:
+                target = parse_target(word)
+            except ValueError:  # written by another version: the run's own check let it through
+                continue
+            if target.label not in labels:
+                labels.add(target.label)
+                out.append(target)
+    return out
 
 
 def target_column(target: Target, field: str) -> str:

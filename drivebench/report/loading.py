@@ -149,6 +149,8 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
         "bench": r.get("compare_as") or r.get("bench"),
         "runner": r.get("runner") or "drivebench",
         "dist": r.get("dist"),
+        "seed": num(r.get("seed")),
+        "targets": " ".join(map(str, summary.get("targets") or [])),
         "accel": accel_name,
         "setting": " ".join(filter(None, [r.get("runner"), setting_label(accel_name, knobs)])),
         "setting_overrides": " ".join(f"{k}={v}" for k, v in sorted(knobs.items())),

@@ -18,6 +18,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from drivebench.report.analysis import Target, setting_order, target_column
+from drivebench.report.convergence import convergence_rows, convergence_targets, threshold_curve, validation_curve
 from drivebench.report.events import TRAIN
 
 LOSS_TAG = "train/loss"
@@ -242,6 +243,56 @@ def time_to_target_figure(runs: pd.DataFrame, targets: list[Target]) -> Figure |
     return fig
 
 
+def _seed_text(row: pd.Series) -> str:
+    seed = row.get("seed")
+    return f" seed {seed:.0f}" if isinstance(seed, float) and not math.isnan(seed) else ""
+
+
+def convergence_figure(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target],
+                       x: str = "step") -> Figure | None:
+    """Each target's validation metric per run against ``step`` or ``elapsed_s``: every setting and seed
+    of a model on one panel (one colour per setting, one line style per seed), the target dashed, and
+    the point where each run first met it marked."""
+    panels = []
+    for target in convergence_targets(runs, scalars, targets):
+        rows = convergence_rows(runs, scalars, target)
+        panels += [(target, name, part) for name, part in _panels(rows)]
+    if not panels:
+        return None
+    fig, axes = _figure(len(panels), width=7.5, max_cols=2)
+    styles = ["-", "--", ":", "-."]
+    for ax, (target, name, part) in zip(axes, panels):
+        settings = list(dict.fromkeys(part["setting"]))
+        colours = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(settings)}
+        nth: dict[str, int] = {}
+        for _, row in part.iterrows():
+            curve = validation_curve(scalars, row["run_dir"], target.metric)
+            k = nth[row["setting"]] = nth.get(row["setting"], -1) + 1
+            label = f"{row['setting']}{_seed_text(row)} | {row['machine']}"
+            ax.plot(curve[x], curve["value"], marker="o", markersize=3, linewidth=1.4, color=colours[row["setting"]],
+                    linestyle=styles[k % len(styles)], label=label)
+            if row.get(target_column(target, "state")) == "reached":
+                at = row[target_column(target, "steps" if x == "step" else "wall_s")]
+                hit = curve.iloc[(curve[x] - at).abs().argsort()[:1]]
+                ax.plot(hit[x], hit["value"], marker="*", markersize=12, color=colours[row["setting"]],
+                        markeredgecolor="black", linestyle="none")
+        threshold = threshold_curve(scalars, part["run_dir"].iloc[0], target)
+        if threshold is not None:
+            ax.plot(threshold[x], threshold["value"], color="grey", linestyle="--", linewidth=1,
+                    label=f"target {target.op} {target.value_text or target.value} x {target.reference}")
+        else:
+            ax.axhline(target.value, color="grey", linestyle="--", linewidth=1, label=f"target {target.label}")
+        ax.set_xlabel("optimizer step" if x == "step" else "wall time since training began (s)")
+        ax.set_ylabel(target.metric)
+        ax.set_title(f"{target.metric} vs {'step' if x == 'step' else 'wall time'}: {name}
+"
+                     f"(* = first validation meeting {target.label})", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(title="setting seed | machine", fontsize=7, title_fontsize=8, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return fig
+
+
 def figures(runs: pd.DataFrame, scalars: pd.DataFrame,
             targets: list[Target]) -> dict[str, Callable[[], Figure | None]]:
     """Name -> a function drawing it (drawn lazily, one at a time, so memory stays flat)."""
@@ -255,6 +306,8 @@ def figures(runs: pd.DataFrame, scalars: pd.DataFrame,
     }
     if targets:
         out["time_to_target"] = lambda: time_to_target_figure(runs, targets)
+        out["convergence_vs_step"] = lambda: convergence_figure(runs, scalars, targets, "step")
+        out["convergence_vs_time"] = lambda: convergence_figure(runs, scalars, targets, "elapsed_s")
     return out
 
 

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from drivebench.report.analysis import Target, analyse
+from drivebench.report.analysis import Target, analyse, with_recorded_targets
+from drivebench.report.convergence import convergence_table, convergence_targets
 from drivebench.report.loading import Problem, RunSet, load_runs
 from drivebench.report.plots import save_plots
-from drivebench.report.tables import main_table, problems_table, to_text, write_csv, write_markdown
+from drivebench.report.tables import (convergence_display, main_table, problems_table, to_text, write_csv,
+                                     write_markdown)
 
 
 @dataclass
@@ -27,16 +29,19 @@ class ReportResult:
 
 
 def analysed(dirs: list[Path], targets: list[Target]) -> tuple[RunSet, pd.DataFrame]:
-    """Read ``dirs`` and return the run set with its analysed table (speedup, targets, order)."""
+    """Read ``dirs`` and return the run set with its analysed table (speedup, order, and time to each
+    of ``targets`` and of every target a run recorded)."""
     runset = load_runs(dirs)
-    return runset, analyse(runset.runs, runset.scalars, targets)
+    return runset, analyse(runset.runs, runset.scalars, with_recorded_targets(targets, runset.runs))
 
 
 def terminal_text(runs: pd.DataFrame, targets: list[Target], problems: list[Problem], warnings: list[str],
-                  files: dict[str, Path]) -> str:
+                  files: dict[str, Path], convergence: dict[str, pd.DataFrame] | None = None) -> str:
     parts = []
     if not runs.empty:
         parts += [f"drivebench report: {len(runs)} completed run(s)", to_text(main_table(runs, targets))]
+    for label, table in (convergence or {}).items():
+        parts += [f"convergence: {label}", to_text(convergence_display(table))]
     if problems:
         parts += [f"{len(problems)} run(s) did not complete:", to_text(problems_table(problems))]
     parts += [f"warning: {w}" for w in warnings]
@@ -46,18 +51,26 @@ def terminal_text(runs: pd.DataFrame, targets: list[Target], problems: list[Prob
 
 
 def write_report(dirs: list[Path], out: Path, targets: list[Target]) -> ReportResult:
-    """The whole report for ``dirs`` into ``out`` (created if needed)."""
-    runset, runs = analysed(dirs, targets)
+    """The whole report for ``dirs`` into ``out`` (created if needed); ``targets`` and those the runs recorded."""
+    runset = load_runs(dirs)
+    targets = with_recorded_targets(targets, runset.runs)
+    runs = analyse(runset.runs, runset.scalars, targets)
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
     plots = save_plots(runs, runset.scalars, targets, out) if not runs.empty else {}
     csv = out / "report.csv"
     write_csv(csv, runs)
     files["report.csv"] = csv
+    convergence = {t.label: convergence_table(runs, runset.scalars, t)
+                   for t in convergence_targets(runs, runset.scalars, targets)}
+    if convergence:
+        frames = [table.assign(target=label) for label, table in convergence.items()]
+        files["convergence.csv"] = out / "convergence.csv"
+        write_csv(files["convergence.csv"], pd.concat(frames, ignore_index=True))
     md = out / "report.md"
-    write_markdown(md, runs, targets, runset.problems, runset.warnings, plots, dirs)
+    write_markdown(md, runs, targets, runset.problems, runset.warnings, plots, dirs, convergence)
     files["report.md"] = md
     files.update({f"{name}.png": path for name, path in plots.items()})
-    text = terminal_text(runs, targets, runset.problems, runset.warnings, files)
+    text = terminal_text(runs, targets, runset.problems, runset.warnings, files, convergence)
     return ReportResult(runs=runs, problems=runset.problems, warnings=runset.warnings, files=files,
                         terminal_text=text)

@@ -131,6 +131,29 @@ def val_tables(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
     return out
 
 
+def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
+    """A convergence table (``report.convergence.convergence_table``) as the report shows it."""
+    def final(r: pd.Series) -> str:
+        if r["runs"] < 2:
+            return fmt(r["final_mean"], digits=4)
+        return f"{fmt(r['final_mean'], digits=4)} [{fmt(r['final_min'], digits=4)}-{fmt(r['final_max'], digits=4)}]"
+
+    def to_target(r: pd.Series) -> str:
+        wall = fmt(r["to_target_wall_s_median"], unit=" s")
+        return f"{wall}, step {r['to_target_steps_median']:.0f}" if wall else "not reached"
+
+    return pd.DataFrame({
+        "machine": table["machine"], "model": table["model"].astype(str) + " (" + table["model_size"].astype(str) + ")",
+        "setting": table["setting"], "seeds": table["seeds"],
+        "final (mean [min-max])": [final(r) for _, r in table.iterrows()],
+        "seed spread": table["final_spread"].map(lambda v: fmt(v, digits=3)),
+        "reached": table["reached"],
+        "to target (median over seeds)": [to_target(r) for _, r in table.iterrows()],
+        "time to target, none / this": table["wall_s_vs_none"].map(lambda v: fmt(v, unit="x")),
+        "final within the seed spread of none": table["same_as_none"],
+    }).reset_index(drop=True)
+
+
 def to_markdown(table: pd.DataFrame) -> str:
     def cell(text: Any) -> str:
         return str(text).replace("|", "\\|").replace("\n", " ")
@@ -176,7 +199,8 @@ def problems_table(problems: list[Problem]) -> pd.DataFrame:
 
 
 def write_markdown(path: Path, runs: pd.DataFrame, targets: list[Target], problems: list[Problem],
-                   warnings: list[str], plots: dict[str, Path], sources: list[Path]) -> None:
+                   warnings: list[str], plots: dict[str, Path], sources: list[Path],
+                   convergence: dict[str, pd.DataFrame] | None = None) -> None:
     parts = ["# drivebench report", "",
              f"Runs read from: {', '.join(f'`{s}`' for s in sources)}. {len(runs)} completed run(s), "
              f"{len(problems)} not usable.", ""]
@@ -192,6 +216,14 @@ def write_markdown(path: Path, runs: pd.DataFrame, targets: list[Target], proble
         if not verdicts.empty:
             parts += ["## Bottlenecks", "", "What bounds each run's step, the numbers that decided it and the knob "
                       "to try next (rules and thresholds: docs/summary.md).", "", to_markdown(verdicts), ""]
+        for label, table in (convergence or {}).items():
+            parts += [f"## Convergence: {label}", "",
+                      "Runs that validated during training. Final: the last validation's value, mean over the "
+                      "setting's seeds [min-max]; seed spread: max - min. To target: the first validation that "
+                      "met it, median over the seeds that reached it (wall time since training began). The "
+                      "final metric is within the seed spread of none when the two means differ by at most the "
+                      "larger spread of the two settings (needs two seeds of each).", "",
+                      to_markdown(convergence_display(table)), ""]
         for model, table in val_tables(runs).items():
             parts += [f"## Validation: {model}", "", to_markdown(table), ""]
         parts += ["## Machines", "", to_markdown(machines_table(runs)), ""]

@@ -1,0 +1,139 @@
+"""Convergence runs: a validation metric followed epoch by epoch, compared across settings and seeds.
+
+A run counts here for a target when the target's metric is a validation series it logged at two
+steps or more (validation during training, e.g. ``+experiment=convergence``). Per setting, over its
+seeds: the final metric (mean, min-max, spread), the time and steps to the target (median over
+seeds), the time-to-target ratio against ``none``, and whether the final metric is "the same" as
+``none``'s by the rule below.
+
+The same convergence, in numbers: a setting's mean final metric differs from ``none``'s by no more
+than the larger seed-to-seed spread (max - min over seeds) of the two settings. With one seed
+there is no spread to compare against, and the verdict says so instead of guessing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from drivebench.perf.targets import Target
+from drivebench.report.analysis import BASELINE_SETTING, GROUP, resolve_metric, target_column
+from drivebench.report.events import TRAIN, VALIDATION
+
+MIN_POINTS = 2  # validation at two steps at least: a curve, not the end-of-run figure alone
+
+
+def _run_tags(scalars: pd.DataFrame, run_dir: str) -> set[str]:
+    own = scalars[scalars["run_dir"] == run_dir]
+    return set(own["tag"])
+
+
+def validation_curve(scalars: pd.DataFrame, run_dir: str, metric: str) -> pd.DataFrame:
+    """One run's validation series of ``metric`` (step, elapsed_s, value), in step order.
+
+    Validation during training lives in the training phase's events; the end-of-run validation
+    repeats the last epoch's weights, so it is used only when the run did not validate while training.
+    """
+    if scalars.empty:
+        return pd.DataFrame(columns=["step", "elapsed_s", "value"])
+    own = scalars[scalars["run_dir"] == run_dir]
+    tag = resolve_metric(set(own["tag"]), metric)
+    if tag is None:
+        return pd.DataFrame(columns=["step", "elapsed_s", "value"])
+    series = own[own["tag"] == tag]
+    during = series[series["phase"] == TRAIN]
+    chosen = during if not during.empty else series[series["phase"] == VALIDATION]
+    chosen = chosen.sort_values(["step", "wall_time"]).drop_duplicates("step", keep="last")
+    return chosen[["step", "elapsed_s", "value"]].reset_index(drop=True)
+
+
+def convergence_targets(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target]) -> list[Target]:
+    """The targets on a validation metric that some run followed over training (>= 2 points)."""
+    out = []
+    for target in targets:
+        if scalars.empty or runs.empty:
+            break
+        for run_dir in runs["run_dir"]:
+            tag = resolve_metric(_run_tags(scalars, run_dir), target.metric)
+            if tag is not None and tag.startswith("val/") and len(validation_curve(scalars, run_dir, tag)) >= MIN_POINTS:
+                out.append(target)
+                break
+    return out
+
+
+def convergence_rows(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) -> pd.DataFrame:
+    """The runs that followed ``target``'s metric over training, with its final value (``final``)."""
+    keep, finals = [], []
+    for index, row in runs.iterrows():
+        curve = validation_curve(scalars, row["run_dir"], target.metric)
+        if len(curve) < MIN_POINTS:
+            continue
+        keep.append(index)
+        finals.append(float(curve["value"].iloc[-1]))
+    return runs.loc[keep].assign(final=finals)
+
+
+def _spread(values: pd.Series) -> float:
+    return float(values.max() - values.min()) if len(values) >= 2 else math.nan
+
+
+def same_convergence(mean: float, spread: float, base_mean: float, base_spread: float, n: int, base_n: int) -> str:
+    """``yes`` / ``no`` by the module's rule, or why it cannot be judged."""
+    if any(math.isnan(v) for v in (mean, base_mean)):
+        return "no final metric"
+    if n < 2 or base_n < 2:
+        return "one seed: no spread to judge by"
+    allowed = max(spread, base_spread)
+    return "yes" if abs(mean - base_mean) <= allowed else "no"
+
+
+def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) -> pd.DataFrame:
+    """One row per (machine, model, size, data, setting): final metric over seeds and time to target."""
+    rows = convergence_rows(runs, scalars, target)
+    columns = ["machine", "model", "model_size", "setting", "runs", "seeds", "final_mean", "final_min", "final_max",
+               "final_spread", "reached", "to_target_wall_s_median", "to_target_steps_median", "wall_s_vs_none",
+               "same_as_none"]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    state, wall, steps = (target_column(target, f) for f in ("state", "wall_s", "steps"))
+    out = []
+    for keys, part in rows.groupby([*GROUP, "setting"], dropna=False, sort=False):
+        reached = part[part[state] == "reached"]
+        out.append({
+            **dict(zip([*GROUP, "setting"], keys)),
+            "runs": len(part),
+            "seeds": ",".join(str(int(s)) for s in sorted(part["seed"].dropna().unique())),
+            "final_mean": float(part["final"].mean()),
+            "final_min": float(part["final"].min()),
+            "final_max": float(part["final"].max()),
+            "final_spread": _spread(part["final"]),
+            "reached": f"{len(reached)}/{len(part)}",
+            "to_target_wall_s_median": float(reached[wall].median()) if len(reached) else math.nan,
+            "to_target_steps_median": float(reached[steps].median()) if len(reached) else math.nan,
+        })
+    table = pd.DataFrame(out)
+    for _, part in table.groupby(GROUP, dropna=False, sort=False):
+        base = part[part["setting"] == BASELINE_SETTING]
+        for index, row in part.iterrows():
+            if base.empty:
+                table.loc[index, "wall_s_vs_none"] = math.nan
+                table.loc[index, "same_as_none"] = "no none run"
+                continue
+            b = base.iloc[0]
+            table.loc[index, "wall_s_vs_none"] = (b["to_target_wall_s_median"] / row["to_target_wall_s_median"]
+                                                  if row["to_target_wall_s_median"] > 0 else math.nan)
+            table.loc[index, "same_as_none"] = same_convergence(row["final_mean"], row["final_spread"], b["final_mean"],
+                                                                b["final_spread"], row["runs"], b["runs"])
+    return table.reindex(columns=columns)
+
+
+def threshold_curve(scalars: pd.DataFrame, run_dir: str, target: Target) -> pd.DataFrame | None:
+    """A relative target's threshold over the run's validation steps (value x reference); None if absolute."""
+    if target.reference is None:
+        return None
+    ref = validation_curve(scalars, run_dir, target.reference)
+    if ref.empty:
+        return None
+    return ref.assign(value=target.value * ref["value"].to_numpy(dtype=float))
+
