@@ -202,9 +202,9 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     patch_rank_launch_command()
     try:
         with DistJob() as job:
+            bench = build(cfg.bench)  # first: its arguments are checked before the run is built
             run = build_run(cfg, output_dir)
             run.job = job
-            bench = build(cfg.bench)
             return bench.run(run)
     except ConfigError as err:
         print(f"drivebench: error: {err}", file=sys.stderr)

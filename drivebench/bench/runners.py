@@ -109,7 +109,6 @@ class TrainBench:
         self.warmup_steps = warmup_steps
         self.steps = steps
         self.max_minutes = max_minutes
-        self.val_batches = val_batches
         self.ceiling = ceiling
         self.ceiling_warmup_steps = ceiling_warmup_steps
         self.ceiling_steps = ceiling_steps
@@ -117,7 +116,8 @@ class TrainBench:
         self.sync_each_step = sync_each_step
         self.log_every_n_steps = log_every_n_steps
         self.profile = profile
-        self.targets = targets
+        self.targets = _resolve_targets(targets)  # here, so that a bad one stops the run before it is built
+        self.val_batches = _resolve_val_batches(val_batches)
 
     # ---- entry -------------------------------------------------------------------------------
     def run(self, run: Run) -> dict[str, Any]:
@@ -127,8 +127,6 @@ class TrainBench:
         self.loader_batches = _resolve_count(self.loader_batches, 200, 30, "bench.loader_batches", on_gpu)
         self.warmup_steps = _resolve_count(self.warmup_steps, 0, 0, "bench.warmup_steps", on_gpu)
         self.profile = _resolve_profile(self.profile)
-        self.val_batches = _resolve_val_batches(self.val_batches)
-        self.targets = _resolve_targets(self.targets)
         summary = self._base_summary(run)
         monitor = SystemMonitor(torch.cuda.current_device() if on_gpu else None)
         logger = run.logger()

@@ -284,8 +284,8 @@ def convergence_figure(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[
             ax.axhline(target.value, color="grey", linestyle="--", linewidth=1, label=f"target {target.label}")
         ax.set_xlabel("optimizer step" if x == "step" else "wall time since training began (s)")
         ax.set_ylabel(target.metric)
-        ax.set_title(f"{target.metric} vs {'step' if x == 'step' else 'wall time'}: {name}
-"
+        ax.set_xlim(left=0)
+        ax.set_title(f"{target.metric} vs {'step' if x == 'step' else 'wall time'}: {name}\n"
                      f"(* = first validation meeting {target.label})", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(title="setting seed | machine", fontsize=7, title_fontsize=8, loc="upper left",

@@ -1,0 +1,174 @@
+"""+experiment=convergence and the report's convergence outputs.
+
+End to end on the CPU at test size (MapTR ``test`` on the mini set, two epochs, one seed, none and
+max as a real multirun), then the report: the validation-metric plots against step and wall time
+carry both runs, and the time-to-target and convergence tables list both. The rules (relative
+targets, final metric over seeds, "the same convergence") are checked on hand-made tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib
+import pandas as pd
+import pytest
+
+from conftest import REPO, run_cli
+from drivebench.report.analysis import analyse, time_to_target, with_recorded_targets
+from drivebench.report.convergence import convergence_table, convergence_targets, same_convergence
+from drivebench.perf.targets import parse_target
+
+matplotlib.use("Agg")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+# ---- rules on hand-made tables -------------------------------------------------------------------
+def _val_scalars(run_dir: str, values: list[float], cv: float = 12.0, epoch_s: float = 100.0,
+                 steps_per_epoch: int = 250) -> pd.DataFrame:
+    rows = []
+    for epoch, value in enumerate(values, start=1):
+        step, t = epoch * steps_per_epoch, epoch * epoch_s
+        rows += [(run_dir, "train", "val/minFDE", step, value, t, t), (run_dir, "train", "val/cv_minFDE", step, cv, t, t)]
+    return pd.DataFrame(rows, columns=["run_dir", "phase", "tag", "step", "value", "wall_time", "elapsed_s"])
+
+
+def test_relative_target_is_met_against_the_reference_logged_at_the_same_step():
+    target = parse_target("val/minFDE <= 0.5 * val/cv_minFDE")
+    assert (target.metric, target.op, target.value, target.reference) == ("val/minFDE", "<=", 0.5, "val/cv_minFDE")
+    assert target.label == "val/minFDE<=0.5*val/cv_minFDE"
+    assert target.met(5.9, 12.0) and not target.met(6.1, 12.0) and not target.met(1.0, None)
+    scalars = _val_scalars("a", [10.0, 6.0, 4.0]).drop(columns="run_dir")
+    assert time_to_target(scalars, target) == {"state": "reached", "step": 500.0, "elapsed_s": 200.0}
+    assert time_to_target(scalars, parse_target("minFDE<=0.2*cv_minFDE"))["state"] == "not reached"
+    no_reference = scalars[scalars["tag"] != "val/cv_minFDE"]
+    assert time_to_target(no_reference, target)["state"] == "no series"
+    with pytest.raises(ValueError, match="FACTOR\\*OTHER_METRIC"):
+        parse_target("val/minFDE<=half*val/cv_minFDE")
+
+
+def _runs(specs: list[tuple[str, str, int, list[float], float]]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(run_dir, setting, seed, val curve, seconds per epoch) -> runs and scalars as load_runs gives them."""
+    runs = pd.DataFrame([{
+        "run": d, "run_dir": d, "machine": "1x NVIDIA H200 @ h200", "model": "qcnet", "model_size": "paper",
+        "data": "argoverse2", "bench": "train", "setting": setting, "seed": float(seed), "job_num": float(i),
+        "started": "2026-01-01", "throughput_median": 10.0, "targets": "val/minFDE<=0.5*val/cv_minFDE"}
+        for i, (d, setting, seed, _, _) in enumerate(specs)])
+    scalars = pd.concat([_val_scalars(d, curve, epoch_s=s) for d, _, _, curve, s in specs], ignore_index=True)
+    return runs, scalars
+
+
+def test_convergence_table_final_metric_over_seeds_time_to_target_and_the_same_convergence_rule():
+    runs, scalars = _runs([("n1", "none", 2023, [9.0, 7.0, 5.8, 5.0], 90.0), ("n2", "none", 2024, [9.5, 7.5, 5.9, 5.4], 95.0),
+                           ("m1", "max", 2023, [9.1, 7.1, 5.7, 5.2], 30.0), ("m2", "max", 2024, [9.2, 6.9, 5.6, 5.1], 31.0),
+                           ("f1", "fast_but_worse", 2023, [9.0, 8.0, 7.5, 7.0], 10.0),
+                           ("f2", "fast_but_worse", 2024, [9.0, 8.1, 7.6, 7.1], 10.0)])
+    targets = with_recorded_targets([], runs)
+    assert [t.label for t in targets] == ["val/minFDE<=0.5*val/cv_minFDE"]
+    analysed = analyse(runs, scalars, targets)
+    assert convergence_targets(analysed, scalars, targets) == targets
+    table = convergence_table(analysed, scalars, targets[0]).set_index("setting")
+    assert table.loc["none", "seeds"] == "2023,2024" and table.loc["none", "runs"] == 2
+    assert table.loc["none", "final_mean"] == pytest.approx(5.2)
+    assert table.loc["none", "final_spread"] == pytest.approx(0.4)
+    # the target (6.0) is met at epoch 3 by every none and max run, never by the worse setting
+    assert table.loc["none", "reached"] == "2/2" and table.loc["fast_but_worse", "reached"] == "0/2"
+    assert table.loc["none", "to_target_wall_s_median"] == pytest.approx((270.0 + 285.0) / 2)
+    assert table.loc["max", "to_target_wall_s_median"] == pytest.approx((90.0 + 93.0) / 2)
+    assert table.loc["max", "to_target_steps_median"] == 750
+    assert table.loc["max", "wall_s_vs_none"] == pytest.approx(277.5 / 91.5)
+    assert table.loc["max", "same_as_none"] == "yes"            # |5.15 - 5.2| <= 0.4
+    assert table.loc["fast_but_worse", "same_as_none"] == "no"  # |7.05 - 5.2| > 0.4
+    assert math.isnan(table.loc["fast_but_worse", "wall_s_vs_none"])
+
+
+def test_same_convergence_needs_two_seeds_of_each_setting():
+    assert same_convergence(5.0, math.nan, 5.0, 0.3, 1, 2) == "one seed: no spread to judge by"
+    assert same_convergence(5.0, 0.1, 5.25, 0.3, 2, 2) == "yes"
+    assert same_convergence(5.0, 0.1, 5.35, 0.3, 2, 2) == "no"
+    assert same_convergence(math.nan, 0.1, 5.0, 0.3, 2, 2) == "no final metric"
+
+
+# ---- the experiment, end to end on the CPU ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, drivebench_cache) -> Path:
+    sweep_dir = tmp_path_factory.mktemp("convergence") / "sweep"
+    result = run_cli(["-m", "+experiment=convergence", "model=maptr", "seed=2023", "trainer.max_epochs=2",
+                      "bench.warmup_steps=2", "model.batch_size=2", "model.val_batch_size=2",
+                      f"hydra.sweep.dir={sweep_dir}"], drivebench_cache, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return sweep_dir
+
+
+def _val_loss(run_dir: Path) -> pd.DataFrame:
+    """val/loss logged while training, read with tbparse (independently of the report)."""
+    from tbparse import SummaryReader
+
+    frames = []
+    for event_file in sorted((run_dir / "tb").glob("events.out.tfevents.*")):
+        data = SummaryReader(str(event_file)).scalars
+        if data["tag"].str.startswith("perf/").any():
+            frames.append(data[data["tag"] == "val/loss"])
+    return pd.concat(frames).sort_values("step")
+
+
+def test_convergence_sweep_report_plots_and_tables_carry_both_runs(sweep, tmp_path):
+    summaries = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/summary.json")}
+    assert sorted(s["run"]["accel"] for s in summaries.values()) == ["max", "none"]
+    for summary in summaries.values():
+        assert summary["targets"] == ["val/mAP>=0.05"]         # the model's target, recorded by the run
+        assert summary["config"]["trainer"]["check_val_every_n_epoch"] == 1
+        assert summary["run"]["seed"] == 2023
+    none_dir = next(sweep / n for n, s in summaries.items() if s["run"]["accel"] == "none")
+    curve = _val_loss(none_dir)
+    assert len(curve) == 2                                     # one validation per epoch
+    threshold = float(curve["value"].max())                    # met at the first epoch's validation
+    out = tmp_path / "report"
+    result = subprocess.run([sys.executable, "-m", "drivebench.report", str(sweep), "--out", str(out),
+                             f"--target=val/loss<={threshold!r}"], cwd=REPO, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    for name in ("convergence_vs_step", "convergence_vs_time", "time_to_target"):
+        assert (out / f"{name}.png").read_bytes()[:8] == PNG_SIGNATURE
+    table = pd.read_csv(out / "report.csv").set_index("setting")
+    label = f"val/loss<={threshold!r}"
+    assert table.loc["none", f"to {label} state"] == "reached"
+    assert table.loc["none", f"to {label} steps"] == int(curve["step"].iloc[0])
+    assert set(table[f"to val/mAP>=0.05 state"]) <= {"reached", "not reached"}  # the recorded target, both runs
+    convergence = pd.read_csv(out / "convergence.csv")
+    for target in (label, "val/mAP>=0.05"):
+        assert sorted(convergence.loc[convergence["target"] == target, "setting"]) == ["max", "none"]
+    md = (out / "report.md").read_text()
+    assert f"## Convergence: {label}" in md and "## Convergence: val/mAP>=0.05" in md
+    assert "![convergence_vs_time](convergence_vs_time.png)" in md
+    assert "convergence: val/mAP>=0.05" in result.stdout
+
+
+def test_the_convergence_plot_draws_one_curve_per_run(sweep):
+    from drivebench.report import analysed
+    from drivebench.report.plots import convergence_figure
+
+    runset, runs = analysed([sweep], [])
+    targets = with_recorded_targets([], runs)
+    for x in ("step", "elapsed_s"):
+        fig = convergence_figure(runs, runset.scalars, targets, x)
+        labels = [line.get_label() for line in fig.axes[0].get_lines() if not line.get_label().startswith("_")]
+        runs_drawn = [lab for lab in labels if "seed 2023" in lab]
+        assert sorted(lab.split()[0] for lab in runs_drawn) == ["max", "none"]
+        assert any(lab.startswith("target") for lab in labels)
+        for line in fig.axes[0].get_lines():
+            if "seed 2023" in str(line.get_label()):
+                assert len(line.get_xdata()) == 2              # both epochs' validations
+
+
+def test_bad_target_and_val_batches_are_one_line_exit_2(drivebench_cache):
+    for override, key in (("bench.targets=['val/minFDE=2']", "bench.targets"), ("bench.val_batches=-1", "bench.val_batches")):
+        result = run_cli(["model=maptr", "ckpt=none", "bench.ceiling=false", override], drivebench_cache, timeout=300)
+        assert result.returncode == 2, result.stderr[-2000:]
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert lines[-1].startswith(f"drivebench: error: {key}=") and "Traceback" not in result.stderr
