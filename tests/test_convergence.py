@@ -166,9 +166,17 @@ def test_the_convergence_plot_draws_one_curve_per_run(sweep):
                 assert len(line.get_xdata()) == 2              # both epochs' validations
 
 
-def test_bad_target_and_val_batches_are_one_line_exit_2(drivebench_cache):
-    for override, key in (("bench.targets=['val/minFDE=2']", "bench.targets"), ("bench.val_batches=-1", "bench.val_batches")):
-        result = run_cli(["model=maptr", "ckpt=none", "bench.ceiling=false", override], drivebench_cache, timeout=300)
-        assert result.returncode == 2, result.stderr[-2000:]
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
-        assert lines[-1].startswith(f"drivebench: error: {key}=") and "Traceback" not in result.stderr
+def test_bad_target_and_val_batches_are_refused_before_the_run_is_built(drivebench_cache):
+    from drivebench.bench.runners import TrainBench
+    from drivebench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"bench.targets='val/minFDE=2' is not valid"):
+        TrainBench(targets=["val/minFDE=2"])
+    with pytest.raises(ConfigError, match=r"bench.val_batches=-1 is not valid"):
+        TrainBench(val_batches=-1)
+    assert TrainBench(val_batches="all").val_batches == 1.0
+    assert TrainBench(targets="val/mAP >= 0.5").targets == ["val/mAP>=0.5"]
+    result = run_cli(["model=maptr", "ckpt=none", "bench.targets=['val/minFDE=2']"], drivebench_cache, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [lines[-1]] and lines[-1].startswith("drivebench: error: bench.targets='val/minFDE=2' is not valid")
