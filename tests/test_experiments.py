@@ -135,3 +135,20 @@ def test_paper_batch_runs_the_global_batch_on_one_device_at_the_papers_rate():
     assert {c.model.name for c in composed} == {"qcnet"}
     assert {c.model.optimizer.lr for c in composed} == {5.0e-4}
     assert {c.dist.name for c in composed} == {"single"}
+
+
+@pytest.mark.parametrize("model", ["qcnet", "maptr", "sparsedrive", "gaussianformer"])
+def test_convergence_trains_none_and_max_over_two_seeds_for_the_models_epochs(model):
+    jobs = sweep_jobs("convergence", [f"model={model}"])
+    assert sorted(jobs) == sorted([[f"accel={a}", f"seed={s}"] for a in ("none", "max") for s in (2023, 2024)])
+    cfg = _compose(["+experiment=convergence", f"model={model}", "accel=max", "seed=2024"])
+    trainer, bench = OmegaConf.to_container(cfg.trainer, resolve=True), OmegaConf.to_container(cfg.bench, resolve=True)
+    assert trainer["max_epochs"] == cfg.model.convergence.max_epochs >= 2
+    assert trainer["check_val_every_n_epoch"] == 1 and trainer["max_steps"] == -1
+    assert bench["val_batches"] == "all" and bench["ceiling"] is False and cfg.ckpt.name == "none"
+    assert bench["targets"] and all(t.startswith("val/") for t in bench["targets"])
+    assert OmegaConf.to_container(cfg.model.scheduler, resolve=True) == OmegaConf.to_container(
+        cfg.model.convergence.scheduler, resolve=True)
+    if model == "qcnet":  # the cosine follows the run's epochs, also when they are overridden
+        shorter = _compose(["+experiment=convergence", "model=qcnet", "trainer.max_epochs=2"])
+        assert shorter.model.scheduler.T_max == 2
