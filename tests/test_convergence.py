@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import matplotlib
 import pandas as pd
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import run_cli
 from drivebench.report.analysis import analyse, time_to_target, with_recorded_targets
 from drivebench.report.convergence import convergence_table, convergence_targets, same_convergence
 from drivebench.perf.targets import parse_target
@@ -116,7 +114,9 @@ def _val_loss(run_dir: Path) -> pd.DataFrame:
     return pd.concat(frames).sort_values("step")
 
 
-def test_convergence_sweep_report_plots_and_tables_carry_both_runs(sweep, tmp_path):
+def test_convergence_sweep_report_plots_and_tables_carry_both_runs(sweep, tmp_path, capsys):
+    from drivebench.report.cli import main
+
     summaries = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/summary.json")}
     assert sorted(s["run"]["accel"] for s in summaries.values()) == ["max", "none"]
     for summary in summaries.values():
@@ -128,10 +128,8 @@ def test_convergence_sweep_report_plots_and_tables_carry_both_runs(sweep, tmp_pa
     assert len(curve) == 2                                     # one validation per epoch
     threshold = float(curve["value"].max())                    # met at the first epoch's validation
     out = tmp_path / "report"
-    result = subprocess.run([sys.executable, "-m", "drivebench.report", str(sweep), "--out", str(out),
-                             f"--target=val/loss<={threshold!r}"], cwd=REPO, capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert main([str(sweep), "--out", str(out), f"--target=val/loss<={threshold!r}"]) == 0
+    stdout = capsys.readouterr().out
 
     for name in ("convergence_vs_step", "convergence_vs_time", "time_to_target"):
         assert (out / f"{name}.png").read_bytes()[:8] == PNG_SIGNATURE
@@ -146,7 +144,7 @@ def test_convergence_sweep_report_plots_and_tables_carry_both_runs(sweep, tmp_pa
     md = (out / "report.md").read_text()
     assert f"## Convergence: {label}" in md and "## Convergence: val/mAP>=0.05" in md
     assert "![convergence_vs_time](convergence_vs_time.png)" in md
-    assert "convergence: val/mAP>=0.05" in result.stdout
+    assert "convergence: val/mAP>=0.05" in stdout
 
 
 def test_the_convergence_plot_draws_one_curve_per_run(sweep):
