@@ -54,6 +54,7 @@ class Run:
     activation_checkpointing: dict[str, Any] = field(default_factory=dict)  # accel's decision, for the summary
     job: DistJob | None = None
     started: float = field(default_factory=time.time)
+    autotune: dict[str, Any] | None = None  # accel=auto / bench=autotune: the trial table (summary ``autotune``)
 
     def logger(self) -> Any:
         return instantiate(self.cfg.logger) if self.cfg.get("logger") else False
@@ -203,8 +204,18 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     try:
         with DistJob() as job:
             bench = build(cfg.bench)  # first: its arguments are checked before the run is built
+            started = time.time()
+            trial = None
+            if cfg.accel.get("auto_trial") or getattr(bench, "tunes_accel", False):
+                from drivebench.bench.autotune import AccelTrial, with_accel  # imports the benches, which import us
+
+                trial = AccelTrial(cfg, output_dir, build_run)
+                tuned = trial.run()  # times the candidates, prints the table
+                cfg = with_accel(cfg, trial.chosen)
             run = build_run(cfg, output_dir)
             run.job = job
+            if trial is not None:
+                run.autotune, run.started = tuned, started  # the run's wall time includes its trial
             return bench.run(run)
     except ConfigError as err:
         print(f"drivebench: error: {err}", file=sys.stderr)

@@ -53,6 +53,12 @@ class AccelSettings:
     cuda_graphs: str  # off | on | auto here; app.build_run settles auto against the model and the run
     fused_optimizer: bool
     activation_checkpointing: str
+    auto_trial: bool = False       # accel=auto: time candidate settings first, train with the fastest
+    auto_numerics: bool = False    # the trial may change the number format (precision, TF32)
+    auto_budget_s: float = 60.0    # the trial's wall-time bound
+    auto_steps: int = 10           # measured steps per candidate
+    auto_warmup_steps: int = 5     # steps per candidate before those (compile, graph capture, workers starting)
+    auto_margin: float = 0.05      # a gain under this share of the step is noise: the simpler setting stays
 
     @classmethod
     def resolve(cls, cfg: Mapping[str, Any], machine: MachineInfo) -> "AccelSettings":
@@ -126,6 +132,16 @@ class AccelSettings:
         checkpointing = str(cfg["activation_checkpointing"])
         if checkpointing not in ACTIVATION_CHECKPOINTING:
             raise bad_choice("accel.activation_checkpointing", cfg["activation_checkpointing"], ACTIVATION_CHECKPOINTING)
+        for key in ("auto_trial", "auto_numerics"):
+            if not isinstance(cfg[key], bool):
+                raise ConfigError(f"accel.{key}={cfg[key]!r} is not valid; use true or false")
+        budget, margin = cfg["auto_budget_s"], cfg["auto_margin"]
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
+            raise ConfigError(f"accel.auto_budget_s={budget!r} is not valid; use a number of seconds > 0")
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+            raise ConfigError(f"accel.auto_margin={margin!r} is not valid; use a fraction of the step in [0, 1), e.g. 0.05")
+        if isinstance(cfg["auto_steps"], bool) or not isinstance(cfg["auto_steps"], int) or cfg["auto_steps"] < 1:
+            raise ConfigError(f"accel.auto_steps={cfg['auto_steps']!r} is not valid; use a whole number >= 1")
         persistent = flag("persistent_workers", num_workers > 0)
         if num_workers == 0:
             persistent, prefetch = False, None  # torch rejects these without workers: a no-op here
@@ -153,6 +169,12 @@ class AccelSettings:
             cuda_graphs=graphs,
             fused_optimizer=flag("fused_optimizer", on_gpu) and on_gpu,
             activation_checkpointing=checkpointing,
+            auto_trial=cfg["auto_trial"],
+            auto_numerics=cfg["auto_numerics"],
+            auto_budget_s=float(budget),
+            auto_steps=cfg["auto_steps"],
+            auto_warmup_steps=count("auto_warmup_steps", 5),
+            auto_margin=float(margin),
         )
 
     def numerics_changes(self) -> list[str]:

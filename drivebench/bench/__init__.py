@@ -1,5 +1,5 @@
-"""What a run executes, chosen by ``bench=``: train (+ ceiling), ceiling only, loader only."""
+"""What a run executes, chosen by ``bench=``: train (+ ceiling), ceiling only, loader only, the accel trial only."""
 
-from drivebench.bench.runners import CeilingBench, LoaderBench, TrainBench
+from drivebench.bench.runners import AutotuneBench, CeilingBench, LoaderBench, TrainBench
 
-__all__ = ["CeilingBench", "LoaderBench", "TrainBench"]
+__all__ = ["AutotuneBench", "CeilingBench", "LoaderBench", "TrainBench"]

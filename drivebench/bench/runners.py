@@ -172,6 +172,8 @@ class TrainBench:
         summary["run"]["status"] = "completed"
         if run.p2p:
             summary["dist"] = {"p2p": run.p2p}
+        if run.autotune is not None:
+            summary["autotune"] = {**run.autotune, "cost_fraction_of_run": run.autotune["cost_s"] / summary["run"]["wall_s"]}
         if not getattr(self, "is_global_zero", True):
             return summary  # rank 0 writes the one summary of the run
         path = write_summary(run.output_dir / "summary.json", summary)
@@ -379,6 +381,14 @@ def _world(run: Run) -> int:
     kwargs = run.trainer_kwargs()
     devices = kwargs["devices"]
     return (devices if isinstance(devices, int) else len(devices)) * int(kwargs["num_nodes"])
+
+
+class AutotuneBench(TrainBench):
+    """Only the trial of ``accel=auto`` (``drivebench.bench.autotune``): its table, no training."""
+
+    runs_training = False
+    runs_ceiling = False
+    tunes_accel = True  # drivebench.app runs the trial before building the run
 
 
 class CeilingBench(TrainBench):

@@ -207,6 +207,12 @@ def render_table(summary: dict[str, Any]) -> str:
     if mem.get("peak_device_gb") is not None:
         rows.append(("peak device memory", _fmt(mem["peak_device_gb"], " GiB")))
     rows += _profile_rows(summary.get("profile"))
+    trial = summary.get("autotune") or {}
+    if trial:
+        changed = ", ".join(f"{k}={v}" for k, v in (trial.get("changed") or {}).items()) or "the preset's own values"
+        rows.append(("accel trial (accel=auto)", f"{len(trial.get('trials') or [])} rows, {_fmt(trial.get('cost_s'), ' s')}"
+                     + (f" ({_fmt(trial['cost_fraction_of_run'], '%', 100)} of the run)" if trial.get("cost_fraction_of_run") else "")
+                     + f"; chose {changed}"))
     bottleneck = summary.get("bottleneck") or {}
     if bottleneck.get("verdict"):
         rows += [("bottleneck", str(bottleneck["verdict"])), ("  evidence", str(bottleneck.get("evidence"))),

@@ -1,0 +1,267 @@
+"""``accel=auto``: which knobs help on this machine and model, found by timing them.
+
+The search is greedy, one knob (a *stage*) at a time, in the order of what usually pays most:
+loader workers, prefetch, the device transform, CUDA graphs, compile, precision and TF32 (only with
+``accel.auto_numerics``), channels-last, cuDNN autotuning, pinned memory, the fused optimizer. Each
+stage times every value of its knob on top of the best setting so far (the *incumbent*) and keeps the
+first value, in the stage's order (simplest first), whose median step time is within ``margin`` of
+the fastest: a gain inside the noise does not buy complexity. A stage the machine or model does not
+allow is listed with the reason; a stage the incumbent's own figures rule out (the loader already
+keeps up, the copy to the device takes under ``margin`` of a step) is skipped with the numbers.
+
+Candidates are accel overrides, applied through the same resolution as the presets
+(``AccelSettings.resolve``); this module only plans and decides. Measuring one candidate (a real
+short training) is the caller's ``measure`` function (``drivebench.bench.autotune``). A candidate
+whose trial raised is recorded with its error and never chosen; one cut short by the budget is never
+chosen either. The budget bounds the whole search: no trial starts when less than half a trial's
+typical cost is left, and a running one is stopped at the budget.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+OK, FAILED, CUT, SKIPPED = "ok", "failed", "cut", "skipped"
+LOADER_BOUND, H2D_BOUND = "data_wait", "h2d"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What this machine and model allow (from the base candidate's own run)."""
+
+    on_gpu: bool
+    cpu_cores: int
+    cores_per_device: int
+    bf16: bool
+    device_transform: bool          # the model's transform can run on the device (camera models)
+    compile_units: int              # units ``accel.compile`` would compile (0: the model declares none)
+    cuda_graphs: str                # "" where CUDA graphs can run, else why not
+    convolutions: bool              # the net has Conv2d layers (channels-last, cuDNN autotuning)
+    worker_cap: int = 16            # most loader workers tried
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One knob and its values, simplest first (the first is the preset's when it is among them)."""
+
+    knob: str
+    values: tuple[Any, ...]
+    bound_by: str | None = None     # skip when the incumbent shows this share of the step below the margin
+    ordered: bool = False           # values grow (workers, prefetch): stop climbing when it stops paying
+
+
+@dataclass
+class Measurement:
+    """What one trial measured (``drivebench.bench.autotune`` fills it from the step timer)."""
+
+    steps_measured: int = 0
+    steps_wanted: int = 0
+    step_s: dict[str, float] = field(default_factory=dict)  # describe(): median, p10, p90, ...
+    data_wait_fraction: float = math.nan
+    h2d_fraction: float = math.nan
+    samples_per_s: float = math.nan
+    error: str | None = None
+    cost_s: float = 0.0
+
+    @property
+    def median(self) -> float:
+        return float(self.step_s.get("median", math.nan))
+
+
+@dataclass
+class Trial:
+    """One row of the trial table (``summary.json`` ``autotune.trials``)."""
+
+    stage: str
+    change: str                     # what this candidate changes on the incumbent ("base" for the first)
+    setting: dict[str, Any]         # the candidate's accel overrides on the preset
+    status: str = OK
+    step_s_median: float | None = None
+    step_s_p10: float | None = None
+    step_s_p90: float | None = None
+    samples_per_s: float | None = None
+    data_wait_fraction: float | None = None
+    h2d_fraction: float | None = None
+    steps_measured: int = 0
+    cost_s: float = 0.0
+    reason: str | None = None       # why it failed, was cut or skipped
+    chosen: bool = False            # the setting the run then trains with (one row)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def worker_counts(cap: int) -> tuple[int, ...]:
+    """0, then powers of two up to ``cap``, and ``cap`` itself."""
+    counts = [0]
+    n = 1
+    while n < cap:
+        counts.append(n)
+        n *= 2
+    if cap > 0:
+        counts.append(cap)
+    return tuple(dict.fromkeys(counts))
+
+
+def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], list[dict[str, str]]]:
+    """The stages this machine and model allow, in search order, and the others with the reason."""
+    planned: list[Stage] = []
+    not_allowed: list[dict[str, str]] = []
+
+    def stage(knob: str, values: tuple[Any, ...], why_not: str = "", **kw: Any) -> None:
+        if why_not:
+            not_allowed.append({"stage": knob, "reason": why_not})
+        else:
+            planned.append(Stage(knob, values, **kw))
+
+    no_gpu = "" if caps.on_gpu else "no CUDA device on this machine"
+    stage("num_workers", worker_counts(caps.worker_cap), bound_by=LOADER_BOUND, ordered=True)
+    stage("prefetch_factor", (None, 4, 8), bound_by=LOADER_BOUND, ordered=True)
+    stage("device_transform", ("off", "images", "decode"),
+          no_gpu or ("" if caps.device_transform else "the model has no device-side transform"),
+          bound_by=LOADER_BOUND)
+    stage("cuda_graphs", ("off", "on"), no_gpu or caps.cuda_graphs)
+    compile_why = ("inductor's CPU compile takes minutes (accel.compile auto = GPUs only)" if not caps.on_gpu
+                   else "" if caps.compile_units else "the model declares no compile units")
+    stage("compile", (False, True), compile_why)
+    numerics = "" if auto_numerics else "accel.auto_numerics=false (the number format stays fp32)"
+    bf16 = "" if (caps.bf16 or not caps.on_gpu) else "the GPU has no bf16"
+    stage("precision", ("32-true", "bf16-mixed"), numerics or bf16)
+    stage("tf32", (False, True), numerics or no_gpu)
+    convs = "" if caps.convolutions else "the model has no convolutions"
+    stage("channels_last", (False, True), no_gpu or convs)
+    stage("cudnn_benchmark", (False, True), no_gpu or convs)
+    stage("pin_memory", (False, True), no_gpu, bound_by=H2D_BOUND)
+    stage("fused_optimizer", (False, True), no_gpu)
+    return planned, not_allowed
+
+
+def _label(knob: str, value: Any) -> str:
+    return f"{knob}={'null' if value is None else value}"
+
+
+def choose(trials: Sequence[Trial], margin: float) -> Trial | None:
+    """The first trial (in the given order) within ``margin`` of the fastest completed one."""
+    done = [t for t in trials if t.status == OK and t.step_s_median is not None]
+    if not done:
+        return None
+    best = min(t.step_s_median for t in done)
+    return next(t for t in done if t.step_s_median <= best * (1.0 + margin))
+
+
+@dataclass
+class SearchResult:
+    chosen: dict[str, Any]          # accel overrides of the winner (on the preset)
+    trials: list[Trial]
+    not_allowed: list[dict[str, str]]
+    cost_s: float
+    stopped_by_budget: bool
+
+    def changes(self, base: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in self.chosen.items() if base.get(k) != v}
+
+
+def search(base: Mapping[str, Any], stages: Sequence[Stage], measure: Callable[[dict[str, Any], float], Measurement],
+           budget_s: float, margin: float, not_allowed: Sequence[dict[str, str]] = (),
+           clock: Callable[[], float] = time.monotonic) -> SearchResult:
+    """Greedy search from ``base`` (the preset's knob values) over ``stages``.
+
+    ``measure(setting, seconds_left)`` trains a few steps with the accel overrides ``setting`` and
+    stops at ``seconds_left``; it returns a :class:`Measurement` (``error`` set when it raised).
+    """
+    start = clock()
+    trials: list[Trial] = []
+    stopped = False
+
+    def left() -> float:
+        return budget_s - (clock() - start)
+
+    def run_trial(stage: str, change: str, setting: dict[str, Any]) -> Trial:
+        nonlocal stopped
+        trial = Trial(stage=stage, change=change, setting=dict(setting))
+        costs = [t.cost_s for t in trials if t.status in (OK, FAILED, CUT) and t.cost_s > 0]
+        typical = sorted(costs)[len(costs) // 2] if costs else 0.0
+        remaining = left()
+        if remaining <= 0 or (typical and remaining < 0.5 * typical):
+            stopped = True
+            trial.status, trial.reason = SKIPPED, (f"budget: {max(remaining, 0):.1f} s of accel.auto_budget_s="
+                                                   f"{budget_s:g} left, a trial costs ~{typical:.1f} s")
+            trials.append(trial)
+            return trial
+        m = measure(dict(setting), remaining)
+        trial.cost_s = m.cost_s
+        trial.steps_measured = m.steps_measured
+        trial.step_s_median, trial.step_s_p10 = _finite(m.median), _finite(m.step_s.get("p10", math.nan))
+        trial.step_s_p90 = _finite(m.step_s.get("p90", math.nan))
+        trial.samples_per_s = _finite(m.samples_per_s)
+        trial.data_wait_fraction, trial.h2d_fraction = _finite(m.data_wait_fraction), _finite(m.h2d_fraction)
+        if m.error is not None:
+            trial.status, trial.reason = FAILED, m.error
+        elif m.steps_measured < m.steps_wanted or trial.step_s_median is None:
+            stopped = True
+            trial.status = CUT
+            trial.reason = (f"stopped at the budget after {m.steps_measured} of {m.steps_wanted} measured steps")
+        trials.append(trial)
+        return trial
+
+    incumbent = run_trial("base", "base", dict(base))
+    incumbent.chosen = True
+    for stage in stages:
+        current = incumbent.setting.get(stage.knob, base.get(stage.knob))
+        if incumbent.status != OK:
+            break  # nothing to compare against: the preset's own trial failed or was cut
+        if stage.bound_by is not None:
+            share = incumbent.data_wait_fraction if stage.bound_by == LOADER_BOUND else incumbent.h2d_fraction
+            if share is not None and share < margin:
+                what = "waiting for data" if stage.bound_by == LOADER_BOUND else "copying to the device"
+                trials.append(Trial(stage=stage.knob, change=f"{stage.knob}: not tried", setting=dict(incumbent.setting),
+                                    status=SKIPPED, reason=f"{what} takes {share:.1%} of the step, under the "
+                                    f"margin {margin:.0%}: this knob cannot save more"))
+                continue
+        if stage.knob == "prefetch_factor" and not incumbent.setting.get("num_workers", base.get("num_workers")):
+            trials.append(Trial(stage=stage.knob, change=f"{stage.knob}: not tried", setting=dict(incumbent.setting),
+                                status=SKIPPED, reason="no loader workers: nothing prefetches"))
+            continue
+        in_stage: dict[Any, Trial] = {current: incumbent}
+        previous: Trial | None = None
+        for value in stage.values:
+            if value in in_stage:
+                previous = in_stage[value] if in_stage[value].status == OK else previous
+                continue
+            trial = run_trial(stage.knob, _label(stage.knob, value), {**incumbent.setting, stage.knob: value})
+            in_stage[value] = trial
+            if trial.status == SKIPPED:
+                break
+            if stage.ordered and trial.status == OK:
+                if previous is not None and trial.step_s_median > previous.step_s_median * (1.0 + margin):
+                    trial.reason = f"slower than {_label(stage.knob, previous.setting.get(stage.knob))}: larger values not tried"
+                    break
+                if stage.bound_by == LOADER_BOUND and (trial.data_wait_fraction or 0.0) < margin:
+                    trial.reason = f"the loader keeps up ({trial.data_wait_fraction:.1%} of the step waits): larger values not tried"
+                    break
+                previous = trial
+        ordered = [in_stage[v] for v in stage.values if v in in_stage] + (
+            [incumbent] if current not in stage.values else [])
+        winner = choose(ordered, margin)
+        if winner is not None and winner is not incumbent:
+            incumbent.chosen = False
+            winner.chosen = True
+            incumbent = winner
+        if stopped:
+            break
+    if stopped:  # the stages never reached, named, so the table says what the budget left out
+        reached = {t.stage for t in trials}
+        for stage in stages:
+            if stage.knob not in reached:
+                trials.append(Trial(stage=stage.knob, change=f"{stage.knob}: not tried", setting=dict(incumbent.setting),
+                                    status=SKIPPED, reason=f"budget: accel.auto_budget_s={budget_s:g} spent"))
+    chosen = incumbent.setting if incumbent.status == OK else dict(base)
+    return SearchResult(chosen=chosen, trials=trials, not_allowed=list(not_allowed), cost_s=clock() - start,
+                        stopped_by_budget=stopped)

@@ -1,0 +1,222 @@
+"""The trial of ``accel=auto`` (and ``bench=autotune``): each candidate is a real short training.
+
+A candidate is the run's config with some accel knobs overridden; it is built by the same
+``build_run`` as any run (so ``AccelSettings.resolve`` and the CUDA-graph and compile rules apply as
+they do for the presets), trained ``accel.auto_warmup_steps + accel.auto_steps`` steps under the
+step timer, and torn down. ``drivebench.accel.autotune`` plans the candidates and decides.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import logging
+import math
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+import lightning.pytorch as pl
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from drivebench.accel.autotune import (Capabilities, Measurement, SearchResult, plan_stages, search)
+from drivebench.accel.compile import compile_units
+from drivebench.accel.cuda_graphs import settle_cuda_graphs
+from drivebench.accel.gc_freeze import FreezeHeap
+from drivebench.accel.settings import MAX_LOADER_WORKERS
+from drivebench.data.device_prefetch import DevicePrefetchLoader
+from drivebench.errors import ConfigError
+from drivebench.perf.callback import StepTimer
+from drivebench.perf.loader_wait import LoaderWaitProfiler
+from drivebench.perf.summary import phase_stats
+
+log = logging.getLogger("drivebench")
+TUNED = ("num_workers", "prefetch_factor", "device_transform", "cuda_graphs", "compile", "precision", "tf32",
+         "channels_last", "cudnn_benchmark", "pin_memory", "fused_optimizer")
+
+
+def with_accel(cfg: DictConfig, setting: dict[str, Any], auto_trial: bool | None = None) -> DictConfig:
+    """A copy of ``cfg`` with ``setting`` merged into ``accel`` (the same path a command-line override takes)."""
+    extra = {} if auto_trial is None else {"auto_trial": auto_trial}
+    return OmegaConf.merge(cfg, {"accel": {**setting, **extra}})
+
+
+def _error_text(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:300] if text else ''}".rstrip(": ")
+
+
+class AccelTrial:
+    """Time the candidates for ``cfg`` and choose; :meth:`run` returns the summary's ``autotune`` block.
+
+    Args:
+        cfg: the run's config (its ``accel`` group is the preset the search starts from).
+        output_dir: the run directory (trials run in ``<output_dir>/autotune`` and leave nothing there).
+        build_run: ``drivebench.app.build_run`` (passed in: the app imports this module).
+        report: where the table goes (default: printed).
+    """
+
+    def __init__(self, cfg: DictConfig, output_dir: Path, build_run: Callable[..., Any],
+                 report: Callable[[str], None] | None = None) -> None:
+        if cfg.dist.get("strategy") == "ddp":
+            raise ConfigError(f"accel.auto_trial=true (accel={cfg.accel.name}) runs its trial in one process and "
+                              f"dist={cfg.dist.name} starts several; use dist=single, or run bench=autotune once and "
+                              "pass the choice as accel.* overrides")
+        self.cfg = with_accel(cfg, {}, auto_trial=False)
+        self.output_dir = Path(output_dir)
+        self.build_run = build_run
+        self.report = report or (lambda text: print(text, flush=True))
+        accel = cfg.accel
+        self.steps, self.warmup = int(accel.auto_steps), int(accel.auto_warmup_steps)
+        self._prebuilt: tuple[dict[str, Any], Any] | None = None
+        self.chosen: dict[str, Any] = {}
+
+    # ---- one candidate -----------------------------------------------------------------------
+    def _fit(self, run: Any, seconds_left: float) -> Measurement:
+        wanted = self.warmup + self.steps
+        timer = StepTimer("autotune", self.warmup, sync_each_step=False, log_every_n_steps=max(wanted, 1))
+        callbacks: list[pl.Callback] = ([FreezeHeap()] if run.accel.gc_freeze else []) + [timer]
+        trainer_cfg = self.cfg.trainer
+        trainer = pl.Trainer(
+            **run.trainer_kwargs(), logger=False, callbacks=callbacks, max_steps=wanted, max_epochs=-1,
+            max_time=dt.timedelta(seconds=max(seconds_left, 0.001)), limit_val_batches=0,
+            enable_checkpointing=False, enable_progress_bar=False, profiler=LoaderWaitProfiler(),
+            gradient_clip_val=trainer_cfg.gradient_clip_val, accumulate_grad_batches=trainer_cfg.accumulate_grad_batches,
+        )
+        try:
+            trainer.fit(run.module, datamodule=run.datamodule)
+        finally:
+            loader = trainer.train_dataloader
+            if isinstance(loader, DevicePrefetchLoader):
+                loader.close()
+            run.datamodule.teardown("fit")
+        stats = phase_stats(timer.times)
+        step = stats.get("step_s") or {}
+        h2d = (stats.get("h2d_s") or {}).get("mean")
+        return Measurement(
+            steps_measured=int(stats.get("steps_measured", 0)), steps_wanted=self.steps, step_s=dict(step),
+            data_wait_fraction=float(stats.get("data_wait_fraction", math.nan)),
+            h2d_fraction=(h2d / step["mean"]) if h2d is not None and step.get("mean") else math.nan,
+            samples_per_s=float((stats.get("samples_per_s_per_step") or {}).get("median", math.nan)))
+
+    def measure(self, setting: dict[str, Any], seconds_left: float) -> Measurement:
+        """Build the candidate as a run, train it a few steps, tear it down; errors are recorded, not raised."""
+        t0 = time.monotonic()
+        run = None
+        try:
+            if self._prebuilt is not None and self._prebuilt[0] == setting:
+                run, self._prebuilt = self._prebuilt[1], None
+            else:
+                run = self.build_run(with_accel(self.cfg, setting), self._trial_dir(), progress=False)
+                run.datamodule.prepare_data()
+                run.datamodule.setup("fit")
+            result = self._fit(run, seconds_left - (time.monotonic() - t0))
+        except Exception as err:  # a candidate that cannot run here: recorded, never chosen
+            result = Measurement(error=_error_text(err), steps_wanted=self.steps)
+        finally:
+            compiled = bool(run is not None and run.compiled_units)
+            del run
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            if compiled:  # a fresh module per candidate: dynamo's per-code caches would otherwise fill up
+                torch._dynamo.reset()
+        result.cost_s = time.monotonic() - t0
+        return result
+
+    def _trial_dir(self) -> Path:
+        path = self.output_dir / "autotune"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # ---- the search --------------------------------------------------------------------------
+    def capabilities(self, run: Any) -> Capabilities:
+        machine = run.machine
+        on_gpu = machine.accelerator == "cuda"
+        kwargs = run.trainer_kwargs()
+        devices = kwargs["devices"]
+        world = (devices if isinstance(devices, int) else len(devices)) * int(kwargs["num_nodes"])
+        graphs, why = settle_cuda_graphs("auto", run.module.supports_static_shapes, world,
+                                         int(self.cfg.trainer.accumulate_grad_batches))
+        net: nn.Module = run.module.net
+        units = compile_units(net)
+        return Capabilities(
+            on_gpu=on_gpu, cpu_cores=machine.cpu_cores, cores_per_device=machine.cores_per_device,
+            bf16=bool(machine.bf16_supported),
+            device_transform=hasattr(run.datamodule.transform, "device_transform_for"),
+            compile_units=len(units), cuda_graphs="" if graphs else why.removeprefix("off: "),
+            convolutions=any(isinstance(m, nn.Conv2d) for m in net.modules()),
+            worker_cap=min(machine.cores_per_device, MAX_LOADER_WORKERS) if on_gpu else max(machine.cpu_cores, 1))
+
+    def run(self) -> dict[str, Any]:
+        accel = self.cfg.accel
+        t0 = time.monotonic()
+        base_run = self.build_run(self.cfg, self._trial_dir(), progress=True)
+        base_run.datamodule.prepare_data()  # data generation and preprocessing: the run needs them anyway
+        base_run.datamodule.setup("fit")
+        prepare_s = time.monotonic() - t0
+        caps = self.capabilities(base_run)
+        base = {knob: getattr(base_run.accel, knob) for knob in TUNED}
+        self._prebuilt = (dict(base), base_run)
+        del base_run
+        stages, not_allowed = plan_stages(caps, bool(accel.auto_numerics))
+        result = search(base, stages, self.measure, float(accel.auto_budget_s), float(accel.auto_margin), not_allowed)
+        self._prebuilt = None
+        gc.collect()
+        shutil.rmtree(self.output_dir / "autotune", ignore_errors=True)
+        if result.trials and result.trials[0].status == "failed":
+            raise ConfigError(f"accel={accel.name}: the trial of the preset's own setting failed ({result.trials[0].reason}); "
+                              "nothing to compare against")
+        self.chosen = dict(result.chosen)
+        block = self.summary(result, base, caps, prepare_s)
+        self.report(render_trials(block))
+        return block
+
+    def summary(self, result: SearchResult, base: dict[str, Any], caps: Capabilities, prepare_s: float) -> dict[str, Any]:
+        accel = self.cfg.accel
+        return {
+            "preset": str(accel.name),
+            "base": base,
+            "chosen": result.chosen,
+            "changed": result.changes(base),
+            "budget_s": float(accel.auto_budget_s),
+            "cost_s": result.cost_s,
+            "prepare_s": prepare_s,
+            "stopped_by_budget": result.stopped_by_budget,
+            "margin": float(accel.auto_margin),
+            "steps": self.steps,
+            "warmup_steps": self.warmup,
+            "auto_numerics": bool(accel.auto_numerics),
+            "capabilities": asdict(caps),
+            "not_allowed": result.not_allowed,
+            "trials": [t.to_dict() for t in result.trials],
+        }
+
+
+def _ms(value: float | None) -> str:
+    return "" if value is None else f"{value * 1e3:.1f}"
+
+
+def render_trials(block: dict[str, Any]) -> str:
+    """The trial table as printed at the start of the run."""
+    rows = [("stage", "candidate", "status", "step ms median [p10-p90]", "data wait", "cost s", "note")]
+    for t in block["trials"]:
+        spread = (f"{_ms(t['step_s_median'])} [{_ms(t['step_s_p10'])}-{_ms(t['step_s_p90'])}]"
+                  if t["step_s_median"] is not None else "")
+        wait = f"{t['data_wait_fraction']:.0%}" if t["data_wait_fraction"] is not None else ""
+        status = t["status"] + (" <- chosen" if t["chosen"] else "")
+        rows.append((t["stage"], t["change"], status, spread, wait, f"{t['cost_s']:.1f}" if t["cost_s"] else "",
+                     (t["reason"] or "")[:110]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    changed = ", ".join(f"{k}={v}" for k, v in block["changed"].items()) or "nothing: the preset's own values"
+    head = (f"accel trial ({block['preset']}): {len(block['trials'])} rows, {block['cost_s']:.1f} s of "
+            f"accel.auto_budget_s={block['budget_s']:g}" + (" (budget reached)" if block["stopped_by_budget"] else "")
+            + f"; margin {block['margin']:.0%}; training with: {changed}")
+    rule = "-" * max(len(head), *(len(line) for line in lines))
+    not_allowed = [f"  not tried here: {n['stage']} ({n['reason']})" for n in block["not_allowed"]]
+    return "\n".join([rule, head, rule, *lines, *not_allowed, rule])
