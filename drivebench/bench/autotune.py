@@ -46,8 +46,12 @@ def with_accel(cfg: DictConfig, setting: dict[str, Any], auto_trial: bool | None
 
 
 def _error_text(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0][:300] if text else ''}".rstrip(": ")
+    """``Type: first line``, and the last line when it says more (a loader worker's original error)."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    text = lines[0][:200] if lines else ""
+    if len(lines) > 1 and lines[-1] != lines[0]:
+        text += f" ... {lines[-1][:200]}"
+    return f"{type(err).__name__}: {text}".rstrip(": ")
 
 
 class AccelTrial:

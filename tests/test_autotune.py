@@ -1,0 +1,199 @@
+"""accel=auto: the trial picks by measuring, records what failed, and stays inside its budget.
+
+Real trials on the CPU: MapTR at test size on the mini set, its camera pipeline followed by a step
+that sleeps (a slow loader: workers must win) or that raises inside loader workers (every worker
+candidate fails). The decision rules (margin, order, budget accounting) are also checked on their own
+with a measuring function that reports fixed step times, which no real machine would hold still.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from drivebench.accel.autotune import (CUT, FAILED, OK, SKIPPED, Capabilities, Measurement, Stage, Trial, choose,
+                                       plan_stages, search, worker_counts)
+from drivebench.app import build_run
+from drivebench.bench.autotune import AccelTrial, render_trials
+from drivebench.errors import ConfigError
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+CPU_CAPS = Capabilities(on_gpu=False, cpu_cores=2, cores_per_device=2, bf16=False, device_transform=True,
+                        compile_units=1, cuda_graphs="no CUDA device", convolutions=True, worker_cap=2)
+GPU_CAPS = Capabilities(on_gpu=True, cpu_cores=32, cores_per_device=16, bf16=True, device_transform=False,
+                        compile_units=0, cuda_graphs="", convolutions=False, worker_cap=16)
+
+
+# ---- the decision rules -------------------------------------------------------------------------------
+def _fixed(times: dict[int, float], wait: dict[int, float] | None = None, fail: set[int] = frozenset(), cost: float = 1.0):
+    """measure(): step time by num_workers (what a table of past measurements would say)."""
+    calls = []
+
+    def measure(setting, seconds_left):
+        n = setting["num_workers"]
+        calls.append((n, seconds_left))
+        if n in fail:
+            return Measurement(error="RuntimeError: boom", steps_wanted=4, cost_s=cost)
+        return Measurement(steps_measured=4, steps_wanted=4, step_s={"median": times[n], "p10": times[n], "p90": times[n]},
+                           data_wait_fraction=(wait or {}).get(n, 0.5), h2d_fraction=0.0, cost_s=cost)
+    return measure, calls
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_choose_keeps_the_first_setting_within_the_margin_and_never_a_failed_one():
+    def trial(change, median, status=OK):
+        return Trial(stage="s", change=change, setting={}, status=status, step_s_median=median)
+    trials = [trial("a", 1.00), trial("b", 0.97), trial("c", 0.50, FAILED), trial("d", 0.96), trial("e", 0.40, CUT)]
+    assert choose(trials, margin=0.05).change == "a"   # 1.00 <= 0.96 * 1.05
+    assert choose(trials, margin=0.02).change == "b"   # 0.97 <= 0.96 * 1.02, 1.00 is not
+    assert choose([trial("x", None, FAILED)], 0.05) is None
+
+
+def test_worker_stage_climbs_until_the_loader_keeps_up():
+    stages, _ = plan_stages(GPU_CAPS, auto_numerics=False)
+    assert stages[0].knob == "num_workers" and stages[0].values == (0, 1, 2, 4, 8, 16) == worker_counts(16)
+    measure, calls = _fixed({0: 1.0, 1: 0.6, 2: 0.4, 4: 0.30, 8: 0.29, 16: 0.29}, wait={0: 0.7, 1: 0.5, 2: 0.3, 4: 0.02})
+    result = search({"num_workers": 0}, stages[:1], measure, budget_s=100, margin=0.05)
+    assert [n for n, _ in calls] == [0, 1, 2, 4]      # 4 workers: the loader keeps up, 8 and 16 not tried
+    assert result.chosen == {"num_workers": 4}
+    assert "keeps up" in result.trials[-1].reason and [t.chosen for t in result.trials] == [False, False, False, True]
+
+
+def test_a_failed_candidate_is_recorded_and_the_search_goes_on():
+    measure, _ = _fixed({0: 1.0, 1: 0.9, 2: 0.5}, fail={1})
+    result = search({"num_workers": 0}, [Stage("num_workers", (0, 1, 2), bound_by="data_wait", ordered=True)],
+                    measure, budget_s=100, margin=0.05)
+    rows = {t.change: t for t in result.trials}
+    assert rows["num_workers=1"].status == FAILED and rows["num_workers=1"].reason == "RuntimeError: boom"
+    assert result.chosen == {"num_workers": 2} and not rows["num_workers=1"].chosen
+
+
+def test_the_budget_stops_the_search_and_names_what_it_left_out():
+    clock = FakeClock()
+    measure, calls = _fixed({0: 1.0, 1: 0.9, 2: 0.8, 4: 0.7}, cost=4.0)
+
+    def timed(setting, left):
+        clock.now += 4.0  # every trial costs 4 s
+        return measure(setting, left)
+    stages = [Stage("num_workers", (0, 1, 2, 4), bound_by="data_wait", ordered=True), Stage("pin_memory", (False, True))]
+    result = search({"num_workers": 0, "pin_memory": False}, stages, timed, budget_s=9.5, margin=0.05, clock=clock)
+    # trials start at 0 s and 4 s; at 8 s only 1.5 s are left, under half a trial's cost: nothing else starts
+    assert [n for n, _ in calls] == [0, 1] and result.stopped_by_budget and result.cost_s == 8.0
+    assert calls[1][1] == pytest.approx(5.5)   # the running trial is told what is left
+    skipped = [t for t in result.trials if t.status == SKIPPED]
+    assert skipped[0].change == "num_workers=2" and "budget" in skipped[0].reason
+    assert any(t.stage == "pin_memory" and "budget" in t.reason for t in skipped)
+    assert result.chosen == {"num_workers": 1, "pin_memory": False}
+
+
+def test_stages_follow_the_machine_the_model_and_auto_numerics():
+    cpu, cpu_not = plan_stages(CPU_CAPS, auto_numerics=False)
+    assert [s.knob for s in cpu] == ["num_workers", "prefetch_factor"]
+    reasons = {n["stage"]: n["reason"] for n in cpu_not}
+    assert "auto_numerics=false" in reasons["precision"] and "CUDA" in reasons["pin_memory"]
+    assert "CPU compile" in reasons["compile"]
+    cpu_numerics, _ = plan_stages(CPU_CAPS, auto_numerics=True)
+    assert "precision" in [s.knob for s in cpu_numerics] and "tf32" not in [s.knob for s in cpu_numerics]
+    gpu, gpu_not = plan_stages(GPU_CAPS, auto_numerics=True)
+    knobs = [s.knob for s in gpu]
+    assert knobs.index("num_workers") < knobs.index("cuda_graphs") < knobs.index("precision") < knobs.index("tf32")
+    assert {n["stage"] for n in gpu_not} == {"device_transform", "compile", "channels_last", "cudnn_benchmark"}
+
+
+# ---- real trials on the CPU ---------------------------------------------------------------------------
+def _cfg(cache: Path, tmp_path: Path, *overrides: str, sleep_s: float = 0.0, fail_in_workers: bool = False,
+         accel: str = "auto", run_dir: str = "run"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "model=maptr", f"accel={accel}", "ckpt=none", f"paths.cache={cache}", f"paths.output_dir={tmp_path / run_dir}",
+            "model.batch_size=2", "model.val_batch_size=2", "accel.auto_steps=4", "accel.auto_warmup_steps=2",
+            *overrides])
+    inner = OmegaConf.to_container(cfg.model.transform)
+    cfg.model.transform = {"_target_": "slow_loader.SlowCameraPipeline", "inner": inner, "sleep_s": sleep_s,
+                           "fail_in_workers": fail_in_workers}
+    return cfg
+
+
+def _trial(cfg, tmp_path):
+    printed = []
+    trial = AccelTrial(cfg, tmp_path / "run", build_run, report=printed.append)
+    return trial, trial.run(), printed
+
+
+def test_with_a_slow_loader_the_trial_picks_loader_workers(drivebench_cache, tmp_path):
+    # 0.15 s per sample in the loader, 0.3 s per batch of 2: more than MapTR test computes per step here
+    trial, block, printed = _trial(_cfg(drivebench_cache, tmp_path, sleep_s=0.15), tmp_path)
+    rows = block["trials"]
+    base = rows[0]
+    assert base["change"] == "base" and base["setting"]["num_workers"] == 0 and base["status"] == OK
+    assert base["data_wait_fraction"] > 0.3
+    assert trial.chosen["num_workers"] >= 1 and block["changed"]["num_workers"] == trial.chosen["num_workers"]
+    winner = next(r for r in rows if r["chosen"])
+    assert winner["step_s_median"] < base["step_s_median"] / (1 + block["margin"])
+    assert all(r["steps_measured"] == 4 for r in rows if r["status"] == OK)
+    assert printed and "num_workers=" in printed[0] and "<- chosen" in printed[0]
+    assert not (tmp_path / "run" / "autotune").exists()   # trials leave nothing in the run directory
+
+
+def test_a_failing_candidate_is_skipped_with_its_error_recorded(drivebench_cache, tmp_path):
+    trial, block, _ = _trial(_cfg(drivebench_cache, tmp_path, sleep_s=0.15, fail_in_workers=True), tmp_path)
+    failed = [r for r in block["trials"] if r["status"] == FAILED]
+    assert failed and all(r["setting"]["num_workers"] > 0 for r in failed), render_trials(block)
+    assert all("cannot run in a loader worker" in r["reason"] for r in failed)
+    assert trial.chosen["num_workers"] == 0 and not any(r["chosen"] for r in failed)
+    assert any(r["stage"] == "prefetch_factor" and r["status"] == SKIPPED for r in block["trials"])
+
+
+def test_the_budget_bounds_the_trial(drivebench_cache, tmp_path):
+    budget = 6.0
+    cfg = _cfg(drivebench_cache, tmp_path, f"accel.auto_budget_s={budget}", sleep_s=0.2)
+    trial, block, _ = _trial(cfg, tmp_path)
+    rows = block["trials"]
+    assert block["stopped_by_budget"] and block["cost_s"] == pytest.approx(sum(r["cost_s"] for r in rows), abs=1.0)
+    slowest_step = max((r["step_s_p90"] or 0.0) for r in rows)
+    # a running trial stops at the first step end past the budget, then tears down
+    assert block["cost_s"] <= budget + slowest_step + 3.0, render_trials(block)
+    assert any(r["status"] in (CUT, SKIPPED) and "budget" in (r["reason"] or "") for r in rows)
+    assert not any(r["chosen"] and r["status"] != OK for r in rows)
+
+
+def test_auto_refuses_several_processes(drivebench_cache, tmp_path):
+    cfg = _cfg(drivebench_cache, tmp_path, "dist=ddp")
+    with pytest.raises(ConfigError, match="dist=single, or run bench=autotune"):
+        AccelTrial(cfg, tmp_path, build_run)
+
+
+def test_accel_auto_trains_with_the_choice_and_bench_autotune_only_tunes(drivebench_cache, tmp_path, capsys):
+    from drivebench.app import main
+
+    cfg = _cfg(drivebench_cache, tmp_path, "bench.steps=3", "bench.warmup_steps=1", "bench.ceiling=false",
+               "bench.val_batches=0", "~logger", "accel.auto_budget_s=10", sleep_s=0.15)
+    summary = main(cfg)
+    out = capsys.readouterr().out
+    trial = summary["autotune"]
+    assert "accel trial (auto)" in out and "accel trial (accel=auto)" in out
+    for knob, value in trial["chosen"].items():
+        assert summary["settings"]["accel"][knob] == value, knob
+    assert summary["settings"]["accel"]["auto_trial"] is True and summary["train"]["steps_total"] == 4
+    assert 0 < trial["cost_fraction_of_run"] < 1 and trial["cost_s"] <= trial["budget_s"] + 5
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written["autotune"]["trials"] == trial["trials"]
+
+    only = _cfg(drivebench_cache, tmp_path, "bench=autotune", "~logger", "accel.auto_budget_s=5",
+                accel="none", run_dir="only")
+    tuned = main(only)
+    assert tuned["run"]["bench"] == "autotune" and "train" not in tuned and tuned["autotune"]["preset"] == "none"
+    assert tuned["autotune"]["trials"][0]["setting"]["num_workers"] == 0
+    assert math.isfinite(tuned["autotune"]["cost_s"])
