@@ -109,7 +109,10 @@ def test_stages_follow_the_machine_the_model_and_auto_numerics():
     gpu, gpu_not = plan_stages(GPU_CAPS, auto_numerics=True)
     knobs = [s.knob for s in gpu]
     assert knobs.index("num_workers") < knobs.index("cuda_graphs") < knobs.index("precision") < knobs.index("tf32")
-    assert {n["stage"] for n in gpu_not} == {"device_transform", "compile", "channels_last", "cudnn_benchmark"}
+    assert {n["stage"] for n in gpu_not} == {"device_transform", "compile", "activation_checkpointing",
+                                             "channels_last", "cudnn_benchmark"}
+    checkpointed, _ = plan_stages(Capabilities(**{**GPU_CAPS.__dict__, "checkpointed": True}), auto_numerics=False)
+    assert next(s for s in checkpointed if s.knob == "activation_checkpointing").values == ("keep", "off")
 
 
 # ---- real trials on the CPU ---------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """``accel=auto``: which knobs help on this machine and model, found by timing them.
 
 The search is greedy, one knob (a *stage*) at a time, in the order of what usually pays most:
-loader workers, prefetch, the device transform, CUDA graphs, compile, precision and TF32 (only with
-``accel.auto_numerics``), channels-last, cuDNN autotuning, pinned memory, the fused optimizer. Each
+loader workers, prefetch, the device transform, CUDA graphs, compile, activation checkpointing off,
+precision and TF32 (only with ``accel.auto_numerics``), channels-last, cuDNN autotuning, pinned
+memory, the fused optimizer. Each
 stage times every value of its knob on top of the best setting so far (the *incumbent*) and keeps the
 first value, in the stage's order (simplest first), whose median step time is within ``margin`` of
 the fastest: a gain inside the noise does not buy complexity. A stage the machine or model does not
@@ -41,6 +42,7 @@ class Capabilities:
     cuda_graphs: str                # "" where CUDA graphs can run, else why not
     convolutions: bool              # the net has Conv2d layers (channels-last, cuDNN autotuning)
     worker_cap: int = 16            # most loader workers tried
+    checkpointed: bool = False      # the model's backbones recompute activations by default (upstream's with_cp)
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,8 @@ def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], l
     compile_why = ("inductor's CPU compile takes minutes (accel.compile auto = GPUs only)" if not caps.on_gpu
                    else "" if caps.compile_units else "the model declares no compile units")
     stage("compile", (False, True), compile_why)
+    stage("activation_checkpointing", ("keep", "off"),
+          "" if caps.checkpointed else "the model does not checkpoint activations")
     numerics = "" if auto_numerics else "accel.auto_numerics=false (the number format stays fp32)"
     bf16 = "" if (caps.bf16 or not caps.on_gpu) else "the GPU has no bf16"
     stage("precision", ("32-true", "bf16-mixed"), numerics or bf16)

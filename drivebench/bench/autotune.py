@@ -35,8 +35,8 @@ from drivebench.perf.loader_wait import LoaderWaitProfiler
 from drivebench.perf.summary import phase_stats
 
 log = logging.getLogger("drivebench")
-TUNED = ("num_workers", "prefetch_factor", "device_transform", "cuda_graphs", "compile", "precision", "tf32",
-         "channels_last", "cudnn_benchmark", "pin_memory", "fused_optimizer")
+TUNED = ("num_workers", "prefetch_factor", "device_transform", "cuda_graphs", "compile", "activation_checkpointing",
+         "precision", "tf32", "channels_last", "cudnn_benchmark", "pin_memory", "fused_optimizer")
 
 
 def with_accel(cfg: DictConfig, setting: dict[str, Any], auto_trial: bool | None = None) -> DictConfig:
@@ -154,7 +154,8 @@ class AccelTrial:
             device_transform=hasattr(run.datamodule.transform, "device_transform_for"),
             compile_units=len(units), cuda_graphs="" if graphs else why.removeprefix("off: "),
             convolutions=any(isinstance(m, nn.Conv2d) for m in net.modules()),
-            worker_cap=min(machine.cores_per_device, MAX_LOADER_WORKERS) if on_gpu else max(machine.cpu_cores, 1))
+            worker_cap=min(machine.cores_per_device, MAX_LOADER_WORKERS) if on_gpu else max(machine.cpu_cores, 1),
+            checkpointed=bool(run.activation_checkpointing.get("model_default")))
 
     def run(self) -> dict[str, Any]:
         accel = self.cfg.accel
