@@ -61,14 +61,19 @@ def test_choose_keeps_the_first_setting_within_the_margin_and_never_a_failed_one
     assert choose([trial("x", None, FAILED)], 0.05) is None
 
 
-def test_worker_stage_climbs_until_the_loader_keeps_up():
+def test_worker_stage_tries_the_most_then_goes_down_to_the_fewest_as_fast():
     stages, _ = plan_stages(GPU_CAPS, auto_numerics=False)
     assert stages[0].knob == "num_workers" and stages[0].values == (0, 1, 2, 4, 8, 16) == worker_counts(16)
-    measure, calls = _fixed({0: 1.0, 1: 0.6, 2: 0.4, 4: 0.30, 8: 0.29, 16: 0.29}, wait={0: 0.7, 1: 0.5, 2: 0.3, 4: 0.02})
+    measure, calls = _fixed({0: 1.0, 1: 0.6, 2: 0.4, 4: 0.30, 8: 0.29, 16: 0.29})
     result = search({"num_workers": 0}, stages[:1], measure, budget_s=100, margin=0.05)
-    assert [n for n, _ in calls] == [0, 1, 2, 4]      # 4 workers: the loader keeps up, 8 and 16 not tried
-    assert result.chosen == {"num_workers": 4}
-    assert "keeps up" in result.trials[-1].reason and [t.chosen for t in result.trials] == [False, False, False, True]
+    assert [n for n, _ in calls] == [0, 16, 8, 4, 2]   # 2 is slower than the best: 1 is not tried
+    assert result.chosen == {"num_workers": 4}          # the fewest within 5% of the fastest (0.29)
+    assert "smaller values not tried" in result.trials[-1].reason
+    assert [t.chosen for t in result.trials] == [False, False, False, True, False]
+    # a loader that keeps up with none: the largest count is no faster, nothing in between is tried
+    measure, calls = _fixed({0: 0.30, 16: 0.30})
+    result = search({"num_workers": 0}, stages[:1], measure, budget_s=100, margin=0.05)
+    assert [n for n, _ in calls] == [0, 16] and result.chosen == {"num_workers": 0}
 
 
 def test_a_failed_candidate_is_recorded_and_the_search_goes_on():
@@ -90,12 +95,12 @@ def test_the_budget_stops_the_search_and_names_what_it_left_out():
     stages = [Stage("num_workers", (0, 1, 2, 4), bound_by="data_wait", ordered=True), Stage("pin_memory", (False, True))]
     result = search({"num_workers": 0, "pin_memory": False}, stages, timed, budget_s=9.5, margin=0.05, clock=clock)
     # trials start at 0 s and 4 s; at 8 s only 1.5 s are left, under half a trial's cost: nothing else starts
-    assert [n for n, _ in calls] == [0, 1] and result.stopped_by_budget and result.cost_s == 8.0
+    assert [n for n, _ in calls] == [0, 4] and result.stopped_by_budget and result.cost_s == 8.0
     assert calls[1][1] == pytest.approx(5.5)   # the running trial is told what is left
     skipped = [t for t in result.trials if t.status == SKIPPED]
     assert skipped[0].change == "num_workers=2" and "budget" in skipped[0].reason
     assert any(t.stage == "pin_memory" and "budget" in t.reason for t in skipped)
-    assert result.chosen == {"num_workers": 1, "pin_memory": False}
+    assert result.chosen == {"num_workers": 4, "pin_memory": False}
 
 
 def test_stages_follow_the_machine_the_model_and_auto_numerics():

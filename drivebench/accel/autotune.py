@@ -4,9 +4,11 @@ The search is greedy, one knob (a *stage*) at a time, in the order of what usual
 loader workers, prefetch, the device transform, CUDA graphs, compile, activation checkpointing off,
 precision and TF32 (only with ``accel.auto_numerics``), channels-last, cuDNN autotuning, pinned
 memory, the fused optimizer. Each
-stage times every value of its knob on top of the best setting so far (the *incumbent*) and keeps the
+stage times the values of its knob on top of the best setting so far (the *incumbent*) and keeps the
 first value, in the stage's order (simplest first), whose median step time is within ``margin`` of
-the fastest: a gain inside the noise does not buy complexity. A stage the machine or model does not
+the fastest: a gain inside the noise does not buy complexity. A count (workers, prefetch) is tried
+from its largest value down: when the largest is no faster than the incumbent, nothing in between is
+tried; going down stops at the first value slower than the stage's best. A stage the machine or model does not
 allow is listed with the reason; a stage the incumbent's own figures rule out (the loader already
 keeps up, the copy to the device takes under ``margin`` of a step) is skipped with the numbers.
 
@@ -52,7 +54,7 @@ class Stage:
     knob: str
     values: tuple[Any, ...]
     bound_by: str | None = None     # skip when the incumbent shows this share of the step below the margin
-    ordered: bool = False           # values grow (workers, prefetch): stop climbing when it stops paying
+    ordered: bool = False           # a count (workers, prefetch): the largest first, then down while it pays
 
 
 @dataclass
@@ -151,6 +153,29 @@ def _label(knob: str, value: Any) -> str:
     return f"{knob}={'null' if value is None else value}"
 
 
+def _trial_order(stage: Stage, current: Any) -> list[Any]:
+    """The order values are tried in: as listed; a count from its largest value downwards (one trial
+    tells whether more of it pays at all, and going down finds the smallest that is as fast)."""
+    if not stage.ordered:
+        return list(stage.values)
+    return [v for v in reversed(stage.values) if v != current]
+
+
+def _stop_descending(stage: Stage, trial: Trial, in_stage: dict[Any, Trial], current: Any, margin: float) -> bool:
+    """Whether a count stage can stop after ``trial`` (smaller values would only be slower); says why."""
+    done = [t for t in in_stage.values() if t.status == OK and t.step_s_median is not None]
+    best = min(t.step_s_median for t in done)
+    value = trial.setting.get(stage.knob)
+    if value == stage.values[-1] and in_stage[current].status == OK and (
+            in_stage[current].step_s_median <= trial.step_s_median * (1.0 + margin)):
+        trial.reason = f"no faster than {_label(stage.knob, current)}: a count in between is not tried"
+        return True
+    if trial.step_s_median > best * (1.0 + margin):
+        trial.reason = "slower than the best of this stage: smaller values not tried"
+        return True
+    return False
+
+
 def choose(trials: Sequence[Trial], margin: float) -> Trial | None:
     """The first trial (in the given order) within ``margin`` of the fastest completed one."""
     done = [t for t in trials if t.status == OK and t.step_s_median is not None]
@@ -234,23 +259,15 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage], measure: Callable[[
                                 status=SKIPPED, reason="no loader workers: nothing prefetches"))
             continue
         in_stage: dict[Any, Trial] = {current: incumbent}
-        previous: Trial | None = None
-        for value in stage.values:
+        for value in _trial_order(stage, current):
             if value in in_stage:
-                previous = in_stage[value] if in_stage[value].status == OK else previous
                 continue
             trial = run_trial(stage.knob, _label(stage.knob, value), {**incumbent.setting, stage.knob: value})
             in_stage[value] = trial
             if trial.status == SKIPPED:
                 break
-            if stage.ordered and trial.status == OK:
-                if previous is not None and trial.step_s_median > previous.step_s_median * (1.0 + margin):
-                    trial.reason = f"slower than {_label(stage.knob, previous.setting.get(stage.knob))}: larger values not tried"
-                    break
-                if stage.bound_by == LOADER_BOUND and (trial.data_wait_fraction or 0.0) < margin:
-                    trial.reason = f"the loader keeps up ({trial.data_wait_fraction:.1%} of the step waits): larger values not tried"
-                    break
-                previous = trial
+            if stage.ordered and trial.status == OK and _stop_descending(stage, trial, in_stage, current, margin):
+                break
         ordered = [in_stage[v] for v in stage.values if v in in_stage] + (
             [incumbent] if current not in stage.values else [])
         winner = choose(ordered, margin)

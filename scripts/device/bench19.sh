@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# GPU benchmark, part 19 (issue 20, one H200): time to quality at accel=none and accel=max, and
+# accel=auto against the best preset. One part per device call (each under ~9.5 minutes):
+#   bash scripts/device/bench19.sh a > /dev/null 2>&1; tail -c 11000 $OUT/log.txt
+#   a  QCNet convergence, accel=none, seed 2023      (~8 min: 5 epochs of 250 steps + validation)
+#   b  QCNet convergence, accel=max, seeds 2023 and 2024
+#   c  QCNet convergence, accel=none, seed 2024
+#   d  MapTR convergence, accel=none, seed 2023      (~7.5 min: 6 epochs of 48 steps + validation)
+#   e  MapTR convergence, accel=max, seeds 2023 and 2024
+#   f  MapTR convergence, accel=none, seed 2024
+#   g  QCNet: accel=max, accel=auto, accel=auto with auto_numerics (default bounded runs)
+#   h  MapTR: the same three
+# a, b, d, e give one seed of each setting (the 3x and final-metric figures); c and f add the second
+# seed of none (the seed-to-seed spread the "same convergence" rule needs). Then copy every part's
+# runs side by side and report them together (the runs recorded their targets):
+#   python -m drivebench.report experiments/results/h200-<date>-b19 --out experiments/results/h200-<date>-b19/report
+# SparseDrive and GaussianFormer are not here: their accel=none runs fit too few epochs in one call.
+export LIMIT=${LIMIT:-575}; source scripts/device/lib.sh || exit 1
+export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0
+PART=${1:-a}
+
+curve() {  # RUN METRIC...: the validation metric after each epoch (step:value@seconds since training began)
+  python3 - "$RUNS/$1" "${@:2}" <<'EOF' 2>&1 | tee -a "$OUT/log.txt"
+import sys
+from drivebench.report import load_runs
+from drivebench.report.convergence import validation_curve
+runs = load_runs([sys.argv[1]])
+if runs.runs.empty:
+    sys.exit(f"no completed run in {sys.argv[1]}")
+for metric in sys.argv[2:]:
+    c = validation_curve(runs.scalars, str(runs.runs["run_dir"].iloc[0]), metric)
+    print(f"  {metric}: " + " ".join(f"{int(s)}:{v:.4g}@{t:.0f}s" for s, v, t in zip(c["step"], c["value"], c["elapsed_s"])))
+EOF
+}
+trials() {  # RUN: the accel trial's table from the run's summary
+  python3 -c "import json, sys; from drivebench.bench.autotune import render_trials; print(render_trials(json.load(open(sys.argv[1]))['autotune']))" \
+    "$RUNS/$1/summary.json" 2>&1 | tee -a "$OUT/log.txt"
+}
+report() {  # this part's runs, reported with their recorded targets
+  (( $(left) > 30 )) && timeout 60 python3 -m drivebench.report "$RUNS" --out "$OUT/report" > "$OUT/report.txt" 2>&1
+  grep -A12 "^convergence:" "$OUT/report.txt" | tee -a "$OUT/log.txt"
+}
+
+C="+experiment=convergence"
+QM="val/minFDE val/cv_minFDE"
+MM="val/mAP"
+case "$PART" in
+  a) run qcnet_conv_none_s2023 540 $C model=qcnet accel=none seed=2023; curve qcnet_conv_none_s2023 $QM ;;
+  b) run qcnet_conv_max_s2023 270 $C model=qcnet accel=max seed=2023; curve qcnet_conv_max_s2023 $QM
+     run qcnet_conv_max_s2024 270 $C model=qcnet accel=max seed=2024; curve qcnet_conv_max_s2024 $QM ;;
+  c) run qcnet_conv_none_s2024 540 $C model=qcnet accel=none seed=2024; curve qcnet_conv_none_s2024 $QM ;;
+  d) run maptr_conv_none_s2023 540 $C model=maptr accel=none seed=2023; curve maptr_conv_none_s2023 $MM ;;
+  e) run maptr_conv_max_s2023 250 $C model=maptr accel=max seed=2023; curve maptr_conv_max_s2023 $MM
+     run maptr_conv_max_s2024 250 $C model=maptr accel=max seed=2024; curve maptr_conv_max_s2024 $MM ;;
+  f) run maptr_conv_none_s2024 540 $C model=maptr accel=none seed=2024; curve maptr_conv_none_s2024 $MM ;;
+  g|h)
+     M=$([[ $PART == g ]] && echo qcnet || echo maptr)
+     B="model=$M ckpt=none"   # the default bounded run (10 warm-up + 300 steps, validation, ceiling)
+     run ${M}_max 150 $B accel=max
+     run ${M}_auto 200 $B accel=auto; trials ${M}_auto
+     run ${M}_auto_numerics 200 $B accel=auto accel.auto_numerics=true; trials ${M}_auto_numerics ;;
+  *) log "unknown part $PART (a-h)"; exit 2 ;;
+esac
+report
+log "part $PART done in $(( $(date +%s) - START ))s"
