@@ -36,8 +36,8 @@ def test_summary_has_every_documented_field_with_sane_values(full_run: Path):
     s = json.loads((full_run / "summary.json").read_text())
     documented = [line.split("|")[1].strip().strip("`") for line in (REPO / "docs" / "summary.md").read_text()
                   .split("A phase (`train`, `ceiling`) holds:")[0].splitlines() if line.startswith("| `")]
-    # other benches, DDP, ckpt=none, bench.profile, an efficiency above 100%
-    optional = {"loader", "ranks", "dist", "checkpoints", "profile", "efficiency_note"}
+    # other benches, DDP, ckpt=none, bench.profile, an efficiency above 100%, accel=auto
+    optional = {"loader", "ranks", "dist", "checkpoints", "profile", "efficiency_note", "autotune"}
     for key in documented:
         if key not in optional:
             assert key in s, f"summary.json lacks documented key {key!r}"
