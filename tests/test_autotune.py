@@ -198,6 +198,13 @@ def test_accel_auto_trains_with_the_choice_and_bench_autotune_only_tunes(drivebe
     assert 0 < trial["cost_fraction_of_run"] < 1 and trial["cost_s"] <= trial["budget_s"] + 5
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert written["autotune"]["trials"] == trial["trials"]
+    from drivebench.report.cli import main as report
+    import pandas as pd
+
+    assert report([str(tmp_path / "run"), "--out", str(tmp_path / "report")]) == 0
+    row = pd.read_csv(tmp_path / "report" / "report.csv").iloc[0]
+    assert row["autotune_cost_s"] == pytest.approx(trial["cost_s"]) and row["setting"] == "auto"
+    assert "accel trial (cost: chose)" in (tmp_path / "report" / "report.md").read_text()
 
     only = _cfg(drivebench_cache, tmp_path, "bench=autotune", "~logger", "accel.auto_budget_s=5",
                 accel="none", run_dir="only")

@@ -103,15 +103,13 @@ def sweep(tmp_path_factory, drivebench_cache) -> Path:
 
 
 def _val_loss(run_dir: Path) -> pd.DataFrame:
-    """val/loss logged while training, read with tbparse (independently of the report)."""
+    """val/loss logged while training (``fit/val/loss`` of the run's event stream), read with tbparse
+    (independently of the report)."""
     from tbparse import SummaryReader
 
-    frames = []
-    for event_file in sorted((run_dir / "tb").glob("events.out.tfevents.*")):
-        data = SummaryReader(str(event_file)).scalars
-        if data["tag"].str.startswith("perf/").any():
-            frames.append(data[data["tag"] == "val/loss"])
-    return pd.concat(frames).sort_values("step")
+    frames = [SummaryReader(str(f)).scalars for f in sorted((run_dir / "tb").glob("events.out.tfevents.*"))]
+    data = pd.concat(frames)
+    return data[data["tag"] == "fit/val/loss"].sort_values("step")
 
 
 def test_convergence_sweep_report_plots_and_tables_carry_both_runs(sweep, tmp_path, capsys):

@@ -57,6 +57,15 @@ def _efficiency(row: pd.Series) -> str:
     return cell
 
 
+def _autotune(row: pd.Series) -> str:
+    """accel=auto runs: the trial's cost (share of the run) and what it changed on its preset."""
+    cost = fmt(row.get("autotune_cost_s"), unit=" s")
+    if not cost:
+        return ""
+    share = fmt(row.get("autotune_cost_fraction"), scale=100, unit="%", digits=2)
+    return f"{cost}" + (f" ({share})" if share else "") + f": {row.get('autotune_changed') or 'no change'}"
+
+
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
@@ -85,6 +94,7 @@ MAIN_COLUMNS: dict[str, Callable[[pd.Series], str]] = {
     "ckpt blocking": _ckpt,
     "loss first -> final": _loss,
     "bottleneck": lambda r: _text(r.get("bottleneck")),
+    "accel trial (cost: chose)": _autotune,
     "kernels / step (profile)": lambda r: fmt(r.get("profile_kernels_per_step"), digits=4),
     "GPU active (profile)": lambda r: fmt(r.get("profile_gpu_active_fraction"), scale=100, unit="%"),
     "steps (warm-up)": lambda r: (f"{r['steps_measured']:.0f} ({r['warmup_steps']:.0f})"
