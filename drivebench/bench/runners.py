@@ -101,7 +101,7 @@ class TrainBench:
     runs_loader = False
 
     def __init__(self, mode: str = "train", warmup_steps: int = 10, steps: Any = "auto",
-                 max_minutes: float | None = None, val_batches: int = 20, ceiling: bool = True,
+                 max_minutes: float | None = None, val_batches: Any = 20, ceiling: bool = True,
                  ceiling_warmup_steps: int = 5, ceiling_steps: Any = "auto", loader_batches: Any = "auto",
                  sync_each_step: bool = False, log_every_n_steps: int = 1, profile: Any = None,
                  targets: Any = None) -> None:
