@@ -21,7 +21,8 @@ import torch.multiprocessing as mp
 from drivebench.models.common.map_metrics import ChamferMapAP
 from drivebench.models.gaussianformer.metrics import OccupancyMetric
 from drivebench.models.qcnet.metrics import MotionMetrics
-from drivebench.models.sparsedrive.metrics import DetectionAP, MotionMetric, PlanningMetric
+from drivebench.models.sparsedrive.detection_metric import DetectionMetric
+from drivebench.models.sparsedrive.metrics import MotionMetric, PlanningMetric
 from drivebench.models.sparsedrive.model import DETECTION_CLASSES
 
 # a metric that only received merged states was never update()d: torchmetrics warns, harmlessly here
@@ -96,11 +97,11 @@ DETECTIONS = [(np.stack([_box(10, 0), _box(-20.7, 5)]), np.array([0.9, 0.8]), np
 
 
 def test_detection_ap_and_planning_metric_merge():
-    whole, parts = DetectionAP(DETECTION_CLASSES), [DetectionAP(DETECTION_CLASSES) for _ in DETECTIONS]
+    whole, parts = DetectionMetric(DETECTION_CLASSES), [DetectionMetric(DETECTION_CLASSES) for _ in DETECTIONS]
     for sample, part in zip(DETECTIONS, parts):
         whole.update(*sample)
         part.update(*sample)
-    merged = _merged(DetectionAP(DETECTION_CLASSES), parts)
+    merged = _merged(DetectionMetric(DETECTION_CLASSES), parts)
     assert merged.num_samples == 3
     assert merged.compute() == pytest.approx(whole.compute())
     assert 0.0 < whole.compute()["AP/car"] < 1.0
@@ -175,7 +176,7 @@ def _rank(rank: int, port: int, results) -> None:
     try:
         mine = [([LINE], [0.5], [LINE])] if rank == 0 else [([FAR], [0.9], [LINE])]
         ap = _ap(mine)
-        detection = DetectionAP(DETECTION_CLASSES)
+        detection = DetectionMetric(DETECTION_CLASSES)
         for sample in DETECTIONS[:2] if rank == 0 else DETECTIONS[2:]:  # uneven shares: 2 samples and 1
             detection.update(*sample)
         motion = MotionMetric()
@@ -188,7 +189,7 @@ def _rank(rank: int, port: int, results) -> None:
 
 def test_two_gloo_ranks_compute_the_same_global_values():
     union = _ap([([LINE], [0.5], [LINE]), ([FAR], [0.9], [LINE])]).compute()["mAP"]
-    detection, motion = DetectionAP(DETECTION_CLASSES), MotionMetric()
+    detection, motion = DetectionMetric(DETECTION_CLASSES), MotionMetric()
     for sample in DETECTIONS:
         detection.update(*sample)
     for sample in _motion_samples():

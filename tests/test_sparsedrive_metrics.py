@@ -12,7 +12,8 @@ import torch
 from drivebench.models.common.map_metrics import ChamferMapAP
 from drivebench.models.sparsedrive.boxes import box_corners_2d, boxes_overlap_bev
 from drivebench.models.sparsedrive.decode import decode_map, decode_planning
-from drivebench.models.sparsedrive.metrics import DetectionAP, MotionMetric, PlanningMetric
+from drivebench.models.sparsedrive.detection_metric import DetectionMetric
+from drivebench.models.sparsedrive.metrics import MotionMetric, PlanningMetric
 from drivebench.models.sparsedrive.model import DETECTION_CLASSES, MAP_CLASSES
 from drivebench.models.sparsedrive.motion import MotionPlanOutput
 from drivebench.models.sparsedrive.sparse_head import HeadOutput
@@ -24,7 +25,7 @@ def _box(x: float, y: float, yaw: float = 0.0, w: float = 2.0, l: float = 4.0) -
 
 # ---- detection AP ------------------------------------------------------------------------------
 def test_detection_ap_hand_cases() -> None:
-    metric = DetectionAP(DETECTION_CLASSES)
+    metric = DetectionMetric(DETECTION_CLASSES)
     gt = np.stack([_box(10, 0), _box(-20, 5)])
     gt_labels = np.array([0, 0])
     # one exact car, one car 0.7 m off: a match at 1, 2, 4 m but not at 0.5 m
@@ -42,7 +43,7 @@ def test_detection_ap_hand_cases() -> None:
 
 
 def test_detection_class_range_and_wrong_class() -> None:
-    metric = DetectionAP(DETECTION_CLASSES)
+    metric = DetectionMetric(DETECTION_CLASSES)
     far_ped = _box(45.0, 0.0)  # pedestrians count up to 40 m
     metric.update(np.stack([far_ped, _box(5, 5)]), np.array([0.9, 0.9]), np.array([8, 1]),
                   np.stack([far_ped, _box(5, 5)]), np.array([8, 0]))
@@ -57,7 +58,7 @@ def test_detection_ap_equals_the_devkit() -> None:
     from nuscenes.eval.detection.data_classes import DetectionBox
 
     rng = np.random.default_rng(0)
-    metric = DetectionAP(DETECTION_CLASSES)
+    metric = DetectionMetric(DETECTION_CLASSES)
     gt_boxes, pred_boxes = EvalBoxes(), EvalBoxes()
     for s in range(6):
         token = f"sample{s}"

@@ -1,10 +1,7 @@
 """SparseDrive's validation metrics on in-memory results (host-side numpy).
 
-- ``DetectionAP``: nuScenes detection mAP, a faithful reimplementation of the devkit's
-  ``accumulate`` / ``calc_ap`` (centre-distance matching at 0.5/1/2/4 m, 101-point interpolated
-  precision, min recall/precision 0.1, class ranges measured from the ego). Not reproduced: the
-  devkit's removal of GT boxes without LiDAR/radar points and of bicycles in bike racks (the batch
-  has no point counts or rack polygons), attribute/TP errors and NDS.
+- detection mAP, TP errors and NDS: ``detection_metric.DetectionMetric``; tracking AMOTA / AMOTP:
+  ``tracking_metric.TrackingMetric``.
 - ``MotionMetric``: minADE / minFDE / miss rate (2 m) over K=6 modes and EPA, for upstream's two
   groups (vehicles as "car", pedestrians), on detections (score >= 0.2) matched to GT at 2 m
   with the devkit's greedy matching. Upstream reports the devkit's recall-interpolated TP mean;
@@ -29,122 +26,7 @@ from torchmetrics import Metric
 from drivebench.models.common.sample_records import SampleRecords
 from drivebench.models.sparsedrive.boxes import boxes_overlap_bev
 from drivebench.models.sparsedrive.decode import ego_boxes
-
-NUSCENES_CLASS_RANGE = {
-    "car": 50, "truck": 50, "bus": 50, "trailer": 50, "construction_vehicle": 50, "pedestrian": 40,
-    "motorcycle": 40, "bicycle": 40, "traffic_cone": 30, "barrier": 30,
-}
-
-
-def _ego_xy_dist(boxes: np.ndarray, lidar2ego: np.ndarray | None) -> np.ndarray:
-    xyz = boxes[:, :3]
-    if lidar2ego is not None:
-        xyz = xyz @ lidar2ego[:3, :3].T + lidar2ego[:3, 3]
-    return np.linalg.norm(xyz[:, :2], axis=1)
-
-
-def interpolated_precision(tp: np.ndarray, fp: np.ndarray, npos: int, nelem: int = 101) -> np.ndarray:
-    """Precision at ``nelem`` evenly spaced recalls (0 beyond the reached recall), devkit style."""
-    tp_c, fp_c = np.cumsum(tp).astype(float), np.cumsum(fp).astype(float)
-    prec = tp_c / (fp_c + tp_c)
-    rec = tp_c / float(npos)
-    return np.interp(np.linspace(0, 1, nelem), rec, prec, right=0)
-
-
-def calc_ap(precision: np.ndarray, min_recall: float = 0.1, min_precision: float = 0.1) -> float:
-    """Area under the interpolated precision above the minimum recall/precision (devkit ``calc_ap``)."""
-    prec = np.copy(precision)[round(100 * min_recall) + 1 :] - min_precision
-    prec[prec < 0] = 0
-    return float(np.mean(prec)) / (1.0 - min_precision)
-
-
-def greedy_center_match(pred_xy: list[np.ndarray], pred_scores: list[np.ndarray], gt_xy: list[np.ndarray],
-                        dist_th: float) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int]]]:
-    """The devkit's matching over samples: predictions by descending score (ties: later first),
-    each to the closest untaken GT of its sample if closer than ``dist_th``.
-
-    Returns (tp flags, fp flags) in the sorted order and the (sample, pred, gt) matches.
-    """
-    order = [(float(s), i) for i, s in enumerate(np.concatenate(pred_scores) if pred_scores else [])]
-    owner = [(k, j) for k, scores in enumerate(pred_scores) for j in range(len(scores))]
-    order.sort()
-    order.reverse()
-    taken: set[tuple[int, int]] = set()
-    tp, fp, matches = [], [], []
-    for _, flat in order:
-        k, j = owner[flat]
-        gts = gt_xy[k]
-        best, best_gt = np.inf, -1
-        if len(gts):
-            dists = np.linalg.norm(gts - pred_xy[k][j], axis=1)
-            for g, d in enumerate(dists):
-                if (k, g) not in taken and d < best:
-                    best, best_gt = d, g
-        if best < dist_th:
-            taken.add((k, best_gt))
-            tp.append(1)
-            fp.append(0)
-            matches.append((k, j, best_gt))
-        else:
-            tp.append(0)
-            fp.append(1)
-    return np.array(tp), np.array(fp), matches
-
-
-class DetectionAP(SampleRecords):
-    """nuScenes detection mAP over accumulated samples (see module docstring); a torchmetrics
-    ``Metric`` whose samples are gathered from every DDP rank before ``compute``."""
-
-    def __init__(self, class_names: Sequence[str], dist_ths: Sequence[float] = (0.5, 1.0, 2.0, 4.0),
-                 class_range: dict[str, float] | None = None, min_recall: float = 0.1, min_precision: float = 0.1,
-                 max_boxes_per_sample: int = 500, **kwargs: Any) -> None:
-        super().__init__({"pred_xy": 2, "score": 1, "label": 1, "gt_xy": 2, "gt_label": 1}, **kwargs)
-        self.class_names = list(class_names)
-        self.dist_ths = tuple(dist_ths)
-        self.class_range = dict(NUSCENES_CLASS_RANGE if class_range is None else class_range)
-        self.min_recall, self.min_precision, self.max_boxes = min_recall, min_precision, max_boxes_per_sample
-
-    def update(self, boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, gt_boxes: np.ndarray,
-               gt_labels: np.ndarray, lidar2ego: np.ndarray | None = None) -> None:
-        """One sample: predicted (K, >=2) boxes / scores / labels and GT (G, >=2) boxes / labels."""
-        order = np.argsort(-scores, kind="stable")[: self.max_boxes]
-        boxes, scores, labels = boxes[order], scores[order], labels[order]
-        keep_p = self._in_range(boxes, labels, lidar2ego)
-        keep_g = self._in_range(gt_boxes, gt_labels, lidar2ego)
-        self.append_sample(pred_xy=boxes[keep_p, :2], score=scores[keep_p], label=labels[keep_p],
-                           gt_xy=gt_boxes[keep_g, :2], gt_label=gt_labels[keep_g])
-
-    def _in_range(self, boxes: np.ndarray, labels: np.ndarray, lidar2ego: np.ndarray | None) -> np.ndarray:
-        if len(boxes) == 0:
-            return np.zeros(0, dtype=bool)
-        limit = np.array([self.class_range.get(self.class_names[int(c)], np.inf) for c in labels])
-        return _ego_xy_dist(boxes, lidar2ego) < limit
-
-    def class_ap(self, cls: int, dist_th: float, samples: list[dict[str, np.ndarray]] | None = None) -> float:
-        """AP of class ``cls`` at one matching distance (``samples``: :meth:`samples`, read once by ``compute``)."""
-        samples = self.samples() if samples is None else samples
-        npos = sum(int((s["gt_label"] == cls).sum()) for s in samples)
-        if npos == 0:
-            return 0.0
-        pred_xy = [s["pred_xy"][s["label"] == cls] for s in samples]
-        pred_sc = [s["score"][s["label"] == cls] for s in samples]
-        gt_xy = [s["gt_xy"][s["gt_label"] == cls] for s in samples]
-        tp, fp, _ = greedy_center_match(pred_xy, pred_sc, gt_xy, dist_th)
-        if tp.sum() == 0:
-            return 0.0
-        return calc_ap(interpolated_precision(tp, fp, npos), self.min_recall, self.min_precision)
-
-    def compute(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        aps = []
-        samples = self.samples()
-        for c, name in enumerate(self.class_names):
-            ap = float(np.mean([self.class_ap(c, th, samples) for th in self.dist_ths]))
-            out[f"AP/{name}"] = ap
-            aps.append(ap)
-        out["mAP"] = float(np.mean(aps)) if aps else 0.0
-        return out
-
+from drivebench.models.sparsedrive.detection_metric import greedy_center_match
 
 MOTION_GROUPS = {"car": (0, 1, 2, 3, 4, 6, 7), "pedestrian": (8,)}
 
@@ -185,7 +67,7 @@ class MotionMetric(SampleRecords):
             sel_p = [np.isin(s["label"], classes) for s in samples]
             sel_g = [np.isin(s["gt_label"], classes) for s in samples]
             npos = int(sum(g.sum() for g in sel_g))
-            tp, fp, matches = greedy_center_match([s["xy"][m] for s, m in zip(samples, sel_p)],
+            tp, fp, matches, _ = greedy_center_match([s["xy"][m] for s, m in zip(samples, sel_p)],
                                                   [s["score"][m] for s, m in zip(samples, sel_p)],
                                                   [s["gt_xy"][m] for s, m in zip(samples, sel_g)], self.dist_th)
             errs = []
