@@ -99,7 +99,18 @@ def _check_positive(cfg: DictConfig, key: str) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Checks that need no machine: names, sizes, counts. A deprecated size name is replaced by its
-    current one (``model.size=tiny`` -> ``test`` for QCNet), so everything after sees one name."""
+    current one (``model.size=tiny`` -> ``test`` for QCNet), so everything after sees one name. A
+    ConfigError raised by a resolver (``${pick:...}``) reaches the user as itself."""
+    try:
+        _validate(cfg)
+    except InterpolationResolutionError as err:
+        marker = "ConfigError raised while resolving interpolation: "
+        if marker not in str(err):
+            raise
+        raise ConfigError(str(err).split(marker, 1)[1].splitlines()[0]) from None
+
+
+def _validate(cfg: DictConfig) -> None:
     try:
         cfg.model.size = get_spec(cfg.model.name).resolve_size(cfg.model.size)
     except ValueError as err:

@@ -70,7 +70,8 @@ def test_fit_with_mid_epoch_validation_logs_metrics_and_keeps_the_training_strea
                          callbacks=[watcher])
     trainer.fit(module, loader, loader)
     metrics = trainer.callback_metrics
-    for key in ("val/loss", "val/det/mAP", "val/map/mAP", "val/motion/car_minADE", "val/plan/L2_3s", "val/plan/col_avg"):
+    for key in ("val/loss", "val/det/mAP", "val/det/NDS", "val/det/mATE", "val/det/mAAE", "val/track/AMOTA",
+                "val/track/AMOTP", "val/map/mAP", "val/motion/car_minADE", "val/plan/L2_3s", "val/plan/col_avg"):
         assert key in metrics, f"{key} missing from {sorted(metrics)}"
         assert torch.isfinite(torch.as_tensor(metrics[key]))
     # validation started from an empty state and gave the training streams back afterwards
@@ -101,4 +102,6 @@ def test_perfect_detections_score_full_car_ap() -> None:
     module.update_metrics(batch, out)
     result = module.compute_metrics()
     assert result["det/AP/car"] == pytest.approx(1.0)
+    assert result["det/mATE"] < 1.0 and 0.0 < result["det/NDS"] <= 1.0
+    assert "track/AMOTA" in result  # the stage-2 bank's track ids, scored per scene
     assert "map/mAP" in result and "plan/L2_avg" in result

@@ -296,6 +296,9 @@ def test_collated_batches_have_exactly_the_contract_keys(root, index):
             assert batch["gt_ego_fut_cmd"].shape == (3, 3) and batch["ego_status"].shape == (3, 10)
             assert isinstance(batch["gt_depth"], list) and batch["gt_depth"][0].shape[:2] == (3, 6)
             assert set(batch["gt_labels_3d"][0].tolist()) <= set(range(10))
+            attrs = torch.cat(batch["gt_attr_labels"])  # the annotations' attributes, for the metric's AAE
+            assert attrs.dtype == torch.long and (attrs >= 0).any() and attrs.max() < 8
+            assert batch["gt_velocity_valid"][0].dtype == torch.bool
         if name == "gaussianformer":
             assert batch["occ_label"].shape == (3, 200, 200, 16) and batch["occ_label"].dtype == torch.long
             assert batch["occ_mask"].all() and batch["occ_label"].max() == 17

@@ -1,5 +1,5 @@
-"""LightningModule for SparseDrive: loss, detection / map / motion / planning metrics, backbone
-learning-rate multiplier, and the streaming state's life cycle.
+"""LightningModule for SparseDrive: loss, detection (NDS) / tracking (AMOTA) / map / motion / planning
+metrics, backbone learning-rate multiplier, and the streaming state's life cycle.
 
 Streaming state (see ``drivebench.models.sparsedrive.instance_bank``):
 - every training epoch starts with an empty state (the streaming sampler restarts its streams);
@@ -22,7 +22,9 @@ from drivebench.lit.base import DriveModule, OptimizerFactory, SchedulerFactory
 from drivebench.lit.param_groups import backbone_and_name_decay_groups
 from drivebench.models.common.map_metrics import CHAMFER_THRESHOLDS, ChamferMapAP
 from drivebench.models.sparsedrive.decode import decode_detections, decode_map, decode_motion, decode_planning
-from drivebench.models.sparsedrive.metrics import DetectionAP, MotionMetric, PlanningMetric
+from drivebench.models.sparsedrive.detection_metric import DetectionMetric
+from drivebench.models.sparsedrive.metrics import MotionMetric, PlanningMetric
+from drivebench.models.sparsedrive.tracking_metric import TrackingMetric
 from drivebench.models.sparsedrive.model import DETECTION_CLASSES, MAP_CLASSES, SparseDriveOutput
 
 
@@ -55,7 +57,9 @@ class SparseDriveModule(DriveModule):
         self.backbone_lr_mult = backbone_lr_mult if backbone_lr_mult is not None else (0.5 if stage == 1 else 0.1)
         self.num_detections = num_detections
         self.plan_rescore = plan_rescore
-        self.det_ap = DetectionAP(DETECTION_CLASSES)
+        self.det_metric = DetectionMetric(DETECTION_CLASSES)  # mAP, TP errors, NDS
+        # AMOTA / AMOTP of the instance bank's track ids (stage 2 tracks; stage 1 has no ids)
+        self.track_metric = TrackingMetric(DETECTION_CLASSES) if stage == 2 else None
         self.map_ap = ChamferMapAP(MAP_CLASSES, CHAMFER_THRESHOLDS)
         self.motion_metric = MotionMetric()
         self.planning_metric = PlanningMetric(forward_yaw=getattr(net, "forward_yaw", math.pi / 2))
@@ -69,7 +73,9 @@ class SparseDriveModule(DriveModule):
         return int(batch["img"].shape[0])
 
     def compute_metrics(self) -> dict[str, float]:
-        out = {f"det/{k}": v for k, v in self.det_ap.compute().items()}
+        out = {f"det/{k}": v for k, v in self.det_metric.compute().items()}
+        if self.track_metric is not None:
+            out.update({f"track/{k}": v for k, v in self.track_metric.compute().items()})
         if self.net.map_head is not None:
             out.update({f"map/{k}": v for k, v in self.map_ap.compute().items()})
         if self.net.motion_head is not None:
@@ -86,8 +92,21 @@ class SparseDriveModule(DriveModule):
         gt_boxes = [b.float().cpu().numpy() for b in batch["gt_boxes_3d"]]
         gt_labels = [lab.cpu().numpy() for lab in batch["gt_labels_3d"]]
         b = len(gt_boxes)
+        gt_attrs = [a.cpu().numpy() for a in batch["gt_attr_labels"]] if "gt_attr_labels" in batch else [None] * b
+        gt_vel_ok = ([v.cpu().numpy() for v in batch["gt_velocity_valid"]] if "gt_velocity_valid" in batch
+                     else [None] * b)
         for i in range(b):
-            self.det_ap.update(det_np["boxes"][i], det_np["scores"][i], det_np["labels"][i], gt_boxes[i], gt_labels[i], l2e[i])
+            self.det_metric.update(det_np["boxes"][i], det_np["scores"][i], det_np["labels"][i], gt_boxes[i],
+                                   gt_labels[i], l2e[i], gt_attrs=gt_attrs[i], gt_velocity_valid=gt_vel_ok[i])
+        if self.track_metric is not None and outputs.det.instance_id is not None and "gt_instance_ids" in batch:
+            track_ids = torch.gather(outputs.det.instance_id, 1, dets.query).cpu().numpy()
+            scenes = batch["sequence_id"].cpu().numpy()
+            times = batch["timestamp"].double().cpu().numpy()
+            for i in range(b):
+                self.track_metric.update(det_np["boxes"][i], det_np["scores"][i], det_np["cls_scores"][i],
+                                         det_np["labels"][i], track_ids[i], gt_boxes[i], gt_labels[i],
+                                         batch["gt_instance_ids"][i].cpu().numpy(), int(scenes[i]), float(times[i]),
+                                         l2e[i])
         if outputs.map is not None and "gt_map_pts" in batch:
             elements = decode_map(outputs.map)
             pts, scores, labels = (t.cpu().numpy() for t in (elements.points, elements.scores, elements.labels))

@@ -15,6 +15,18 @@ CAMERAS: tuple[str, ...] = (
     "CAM_BACK_LEFT",
     "CAM_BACK_RIGHT",
 )
+# the devkit's attribute names, in its order (nuscenes.eval.detection.constants); the batch's
+# gt_attr_labels index this, -1 for an annotation without attribute
+ATTRIBUTE_NAMES: tuple[str, ...] = (
+    "pedestrian.moving",
+    "pedestrian.sitting_lying_down",
+    "pedestrian.standing",
+    "cycle.with_rider",
+    "cycle.without_rider",
+    "vehicle.moving",
+    "vehicle.parked",
+    "vehicle.stopped",
+)
 LOCATIONS: tuple[str, ...] = (
     "boston-seaport",
     "singapore-onenorth",
@@ -22,4 +34,4 @@ LOCATIONS: tuple[str, ...] = (
     "singapore-queenstown",
 )
 
-__all__ = ["CAMERAS", "LOCATIONS", "DataFileError", "MissingTableError"]
+__all__ = ["ATTRIBUTE_NAMES", "CAMERAS", "LOCATIONS", "DataFileError", "MissingTableError"]

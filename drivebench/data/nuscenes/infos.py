@@ -29,7 +29,7 @@ from drivebench.data.nuscenes import CAMERAS, LOCATIONS
 from drivebench.data.nuscenes.cache import cached, file_fingerprint
 from drivebench.data.nuscenes.errors import CorruptFileError, DataFileError, MissingFileError, MissingTableError
 
-CONVERTER_VERSION = 2  # 2: rotations through pyquaternion, as the devkit (poses move by <= 1.2e-13)
+CONVERTER_VERSION = 3  # 2: rotations through pyquaternion, as the devkit (poses move by <= 1.2e-13); 3: attribute_name
 INFO_VERSION = "1.1"  # mmdet3d's data_list format version
 TABLES = ("attribute", "calibrated_sensor", "category", "ego_pose", "instance", "log", "map", "sample",
           "sample_annotation", "sample_data", "scene", "sensor", "visibility")
@@ -342,6 +342,10 @@ def _instance(nusc, ann_tok: str, sample: dict, global2lidar: np.ndarray, lidar2
     name = NAME_MAPPING.get(ann["category_name"], ann["category_name"])
     label = DETECTION_CLASSES.index(name) if name in DETECTION_CLASSES else -1
     fut, mask = _agent_future(nusc, ann, sample, global2lidar, centre)
+    attrs = ann["attribute_tokens"]
+    if len(attrs) > 1:
+        raise ValueError(f"sample_annotation {ann_tok} has {len(attrs)} attributes; nuScenes allows at most one")
+    attribute = nusc.get("attribute", attrs[0])["name"] if attrs else ""
     return {
         # mmdet3d v1.x: gravity centre, (l, w, h) = sizes along the box's x, y, z, yaw in the LiDAR frame
         "bbox_3d": [float(centre[0]), float(centre[1]), float(centre[2]), float(l), float(w), float(h), yaw],
@@ -355,6 +359,7 @@ def _instance(nusc, ann_tok: str, sample: dict, global2lidar: np.ndarray, lidar2
         "instance_token": ann["instance_token"],
         "instance_id": int(nusc.getind("instance", ann["instance_token"])),
         "category_name": ann["category_name"],
+        "attribute_name": attribute,
         "fut_trajs": fut,
         "fut_masks": mask,
     }
@@ -532,7 +537,7 @@ MMDET3D_INSTANCE_KEYS = ("bbox_3d", "bbox_label", "bbox_label_3d", "bbox_3d_isva
                          "num_radar_pts")
 EXTENSION_KEYS = ("scene_token", "scene_name", "sequence_id", "frame_idx", "prev", "next", "split", "map_location",
                   "can_bus", "ego_status", "gt_ego_fut_trajs", "gt_ego_fut_masks", "gt_ego_fut_cmd", "occ_path")
-INSTANCE_EXTENSION_KEYS = ("instance_token", "instance_id", "category_name", "fut_trajs", "fut_masks")
+INSTANCE_EXTENSION_KEYS = ("instance_token", "instance_id", "category_name", "attribute_name", "fut_trajs", "fut_masks")
 DEFAULT_PREFIX = {**{cam: f"samples/{cam}" for cam in CAMERAS}, "pts": "samples/LIDAR_TOP", "sweeps": "sweeps/LIDAR_TOP"}
 
 

@@ -16,13 +16,13 @@ STACKED = ("img", "img_uint8", "img_shape", "lidar2img", "cam_intrinsic", "cam2l
            "gt_ego_fut_masks", "gt_ego_fut_cmd", "ego_status", "occ_label", "occ_mask", "photometric_params",
            "img_aug_matrix")
 LISTED = ("gt_map_labels", "gt_map_pts", "gt_map_num_orderings", "gt_boxes_3d", "gt_labels_3d", "gt_instance_ids",
-          "gt_agent_fut_trajs", "gt_agent_fut_masks", "img_jpeg")
+          "gt_attr_labels", "gt_velocity_valid", "gt_agent_fut_trajs", "gt_agent_fut_masks", "img_jpeg")
 FLOAT_KEYS = ("lidar2img", "cam_intrinsic", "cam2lidar", "lidar2ego", "ego2global", "can_bus", "gt_ego_fut_trajs",
               "gt_ego_fut_cmd", "ego_status", "photometric_params", "img_aug_matrix", "gt_map_pts", "gt_boxes_3d",
               "gt_agent_fut_trajs")
 LONG_KEYS = ("img_shape", "sequence_id", "frame_idx", "occ_label", "gt_map_labels", "gt_map_num_orderings",
-             "gt_labels_3d", "gt_instance_ids")
-BOOL_KEYS = ("prev_exists", "gt_ego_fut_masks", "occ_mask", "gt_agent_fut_masks")
+             "gt_labels_3d", "gt_instance_ids", "gt_attr_labels")
+BOOL_KEYS = ("prev_exists", "gt_ego_fut_masks", "occ_mask", "gt_agent_fut_masks", "gt_velocity_valid")
 
 
 class FormatCameraSample:
@@ -67,7 +67,7 @@ class FormatCameraSample:
         out["frame_idx"] = results["frame_idx"]
         out["prev_exists"] = bool(results.get("prev_exists", False))
         for key in ("gt_map_labels", "gt_map_pts", "gt_map_num_orderings", "gt_boxes_3d", "gt_labels_3d",
-                    "gt_instance_ids", "gt_agent_fut_trajs", "gt_agent_fut_masks", "gt_ego_fut_trajs",
+                    "gt_instance_ids", "gt_attr_labels", "gt_velocity_valid", "gt_agent_fut_trajs", "gt_agent_fut_masks", "gt_ego_fut_trajs",
                     "gt_ego_fut_masks", "gt_ego_fut_cmd", "ego_status", "occ_label", "occ_mask"):
             if key in results:
                 out[key] = results[key]

@@ -67,6 +67,7 @@ def record_to_results(record: dict, root: Path) -> dict:
         "num_lidar_pts": np.array([i.get("num_lidar_pts", 0) for i in insts], np.int64),
         "valid_flag": np.array([i.get("bbox_3d_isvalid", True) for i in insts], bool),
         "instance_ids": np.array([i.get("instance_id", -1) for i in insts], np.int64),
+        "gt_attribute_names": np.array([i.get("attribute_name", "") for i in insts], dtype=object),
         "agent_fut_trajs": np.array([i.get("fut_trajs", np.zeros((12, 2))) for i in insts], np.float64).reshape(n, 12, 2),
         "agent_fut_masks": np.array([i.get("fut_masks", np.zeros(12)) for i in insts], np.float64).reshape(n, 12),
         "ego_fut_steps": record.get("gt_ego_fut_trajs", np.zeros((6, 2))),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from drivebench.data.nuscenes import ATTRIBUTE_NAMES
+
 # the batch contract's detection classes (SparseDrive's class_names order)
 CONTRACT_CLASSES = ("car", "truck", "construction_vehicle", "bus", "trailer", "barrier", "motorcycle", "bicycle",
                     "pedestrian", "traffic_cone")
@@ -12,7 +14,9 @@ CONTRACT_CLASSES = ("car", "truck", "construction_vehicle", "bus", "trailer", "b
 class BoxTargets:
     """Boxes -> ``gt_boxes_3d`` (n, 9): x, y, z (centre), w, l, h, yaw, vx, vy in the LiDAR frame,
     ``gt_labels_3d``, ``gt_instance_ids``, ``gt_agent_fut_trajs`` (n, 12, 2; offsets from the
-    current centre, cumulative) and ``gt_agent_fut_masks``.
+    current centre, cumulative) and ``gt_agent_fut_masks``; for the nuScenes metrics
+    ``gt_attr_labels`` (index into ``ATTRIBUTE_NAMES``, -1 none) and ``gt_velocity_valid`` (the
+    annotation's velocity could be estimated; it is 0 in ``gt_boxes_3d`` where not, as upstream).
 
     Kept: known classes, centre within ``max_distance`` (CircleObjectRangeFilter, 55 m) and, as
     Sparse4D's dataset, boxes with LiDAR points (``valid_flag`` when ``use_valid_flag``).
@@ -30,12 +34,17 @@ class BoxTargets:
         keep &= np.linalg.norm(boxes[:, :2], axis=1) <= self.max_distance
         keep &= results["valid_flag"] if self.use_valid_flag else results["num_lidar_pts"] > 0
         b = boxes[keep]
-        velo = np.nan_to_num(results["gt_velocity"][keep], nan=0.0)
+        velo_raw = results["gt_velocity"][keep]
+        velo = np.nan_to_num(velo_raw, nan=0.0)
         yaw = b[:, 6] - np.floor(b[:, 6] / (2 * np.pi) + 0.5) * 2 * np.pi
         out = np.concatenate([b[:, :3], b[:, 4:5], b[:, 3:4], b[:, 5:6], yaw[:, None], velo], axis=1)
         results["gt_boxes_3d"] = out.astype(np.float32)
         results["gt_labels_3d"] = np.array([self.classes.index(n) for n in names[keep]], np.int64)
         results["gt_instance_ids"] = results["instance_ids"][keep].astype(np.int64)
+        attr_names = results.get("gt_attribute_names", np.full(len(names), "", dtype=object))[keep]
+        results["gt_attr_labels"] = np.array([ATTRIBUTE_NAMES.index(a) if a in ATTRIBUTE_NAMES else -1
+                                              for a in attr_names], np.int64)
+        results["gt_velocity_valid"] = ~np.isnan(velo_raw).any(axis=1)
         results["gt_agent_fut_trajs"] = np.cumsum(results["agent_fut_trajs"][keep], axis=1).astype(np.float32)
         results["gt_agent_fut_masks"] = results["agent_fut_masks"][keep].astype(bool)
         return results

@@ -33,15 +33,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from drivebench.data.nuscenes import ATTRIBUTE_NAMES  # GT and predicted attributes index it, -1 = none
 from drivebench.models.common.sample_records import SampleRecords
 
 NUSCENES_CLASS_RANGE = {
     "car": 50, "truck": 50, "bus": 50, "trailer": 50, "construction_vehicle": 50, "pedestrian": 40,
     "motorcycle": 40, "bicycle": 40, "traffic_cone": 30, "barrier": 30,
 }
-# nuScenes' attribute names (the devkit's order); GT and predicted attributes are indices into it, -1 = none
-ATTRIBUTE_NAMES = ("pedestrian.moving", "pedestrian.sitting_lying_down", "pedestrian.standing", "cycle.with_rider",
-                   "cycle.without_rider", "vehicle.moving", "vehicle.parked", "vehicle.stopped")
 TP_ERRORS = {"trans_err": "mATE", "scale_err": "mASE", "orient_err": "mAOE", "vel_err": "mAVE", "attr_err": "mAAE"}
 # errors the benchmark does not score for a class
 UNDEFINED_ERRORS = {"traffic_cone": ("attr_err", "vel_err", "orient_err"), "barrier": ("attr_err", "vel_err")}
