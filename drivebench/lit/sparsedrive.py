@@ -12,20 +12,26 @@ carry ``prev_exists`` that is False wherever a slot does not continue its sequen
 
 from __future__ import annotations
 
+import logging
 import math
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from drivebench.errors import bad_choice
 from drivebench.lit.base import DriveModule, OptimizerFactory, SchedulerFactory
 from drivebench.lit.param_groups import backbone_and_name_decay_groups
 from drivebench.models.common.map_metrics import CHAMFER_THRESHOLDS, ChamferMapAP
 from drivebench.models.sparsedrive.decode import decode_detections, decode_map, decode_motion, decode_planning
 from drivebench.models.sparsedrive.detection_metric import DetectionMetric
 from drivebench.models.sparsedrive.metrics import MotionMetric, PlanningMetric
-from drivebench.models.sparsedrive.tracking_metric import TrackingMetric
 from drivebench.models.sparsedrive.model import DETECTION_CLASSES, MAP_CLASSES, SparseDriveOutput
+from drivebench.models.sparsedrive.tracking_metric import TrackingMetric
+
+log = logging.getLogger(__name__)
+ANCHOR_CHOICES = ("kmeans", "default")
 
 
 class SparseDriveModule(DriveModule):
@@ -36,6 +42,12 @@ class SparseDriveModule(DriveModule):
             stage 1 and 0.1 in stage 2.
         num_detections: detections kept per sample for evaluation (upstream 300).
         plan_rescore: re-rank plans that collide with predicted agents (upstream: on).
+        anchors: ``kmeans``: before the first fit or validation, the initial anchors become k-means
+            clusters of the training infos (upstream's ``tools/kmeans``; ``models/sparsedrive/kmeans.py``),
+            computed once and cached with the data's preprocessing products; anchors given as ``.npy``
+            files (``model.net.det_anchors`` ...) stay. ``default``: the built-in data-free anchors.
+            A checkpoint restored later brings its own anchors (they are parameters).
+        anchor_seed: the k-means seed.
 
     Weight decay follows upstream (mmcv's default constructor decays every parameter); names
     containing a ``no_weight_decay`` fragment are exempted.
@@ -51,8 +63,15 @@ class SparseDriveModule(DriveModule):
         backbone_lr_mult: float | None = None,
         num_detections: int = 300,
         plan_rescore: bool = True,
+        anchors: str = "kmeans",
+        anchor_seed: int = 0,
     ) -> None:
         super().__init__(net, optimizer, scheduler, scheduler_interval, no_weight_decay)
+        if anchors not in ANCHOR_CHOICES:
+            raise bad_choice("model.module.anchors", anchors, ANCHOR_CHOICES)
+        self.anchors, self.anchor_seed = anchors, anchor_seed
+        # what set the anchors (for the run summary): None until setup() decided
+        self.anchor_report: dict[str, Any] | None = None if anchors == "kmeans" else {"source": "default"}
         stage = getattr(net, "stage", 2)
         self.backbone_lr_mult = backbone_lr_mult if backbone_lr_mult is not None else (0.5 if stage == 1 else 0.1)
         self.num_detections = num_detections
@@ -127,6 +146,34 @@ class SparseDriveModule(DriveModule):
                 self.motion_metric.update(det_np["boxes"][i], det_np["cls_scores"][i], det_np["labels"][i], trajs_np[i],
                                           gt_boxes[i], gt_labels[i], fut[i], fut_mask[i])
                 self.planning_metric.update(plan_np[i], ego_gt[i], ego_mask[i], gt_boxes[i], fut[i], fut_mask[i])
+
+    # ---- anchors -----------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        """k-means anchors from the training split of the trainer's datamodule, once (a later fit, e.g.
+        the ceiling's, keeps them). Without a nuScenes datamodule the anchors stay as they are."""
+        if self.anchor_report is not None:
+            return
+        datamodule = getattr(self.trainer, "datamodule", None)
+        source = getattr(datamodule, "source", None)
+        infos = getattr(source, "infos", None)
+        if infos is None:
+            log.info("SparseDrive anchors: no nuScenes training infos in this trainer's datamodule; the anchors stay")
+            return
+        from drivebench.data.transforms.map_gt import precompute_map_geometry
+        from drivebench.locks import exclusive_lock
+        from drivebench.models.sparsedrive.kmeans import as_tensors, kmeans_anchors
+
+        records = infos.split(datamodule.train_split)
+        workers = datamodule.accel.preprocess_workers
+        with exclusive_lock(Path(source.cache_dir) / ".sparsedrive-kmeans.lock"):  # DDP ranks: the first computes
+            geometry = precompute_map_geometry(records, source.root, workers=workers, cache_dir=source.cache_dir)
+            anchors, report = kmeans_anchors(records, geometry, self.net.anchor_spec(), seed=self.anchor_seed,
+                                             cache_dir=source.cache_dir)
+        replaced = self.net.set_anchors(as_tensors(anchors))
+        self.anchor_report = {"source": "kmeans", "seed": self.anchor_seed, "train_samples": len(records),
+                              "replaced": replaced, "from_files": sorted(self.net.anchor_files),
+                              "clusters": {k: v for k, v in report.items() if k in replaced}}
+        log.info("SparseDrive anchors: k-means of %d training samples for %s", len(records), ", ".join(replaced))
 
     # ---- streaming state ---------------------------------------------------------------------
     def on_train_epoch_start(self) -> None:

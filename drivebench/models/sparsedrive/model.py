@@ -149,8 +149,49 @@ class SparseDrive(nn.Module):
         from drivebench.models.sparsedrive.losses import SparseDriveCriterion  # the criterion reads head sizes
 
         self.criterion = SparseDriveCriterion(self, **dict(loss or {}))
+        # anchors given as .npy files; the others are the built-in defaults until set_anchors replaces them
+        self.anchor_files = {name: path for name, path in (("det", det_anchors), ("map", map_anchors),
+                                                           ("motion", motion_anchors), ("plan", plan_anchors))
+                             if path is not None}
+        self.class_names = DETECTION_CLASSES[:num_det_classes]
         self._prev_lidar2global: torch.Tensor | None = None
         self._prev_timestamp: torch.Tensor | None = None
+
+    # ---- anchors -----------------------------------------------------------------------------
+    def anchor_parameters(self) -> dict[str, nn.Parameter]:
+        """The initial anchors by kind: det (N, 11), map (M, 2 * samples), motion and plan (stage 2)."""
+        out = {"det": self.det_head.bank.anchor, "map": self.map_head.bank.anchor}
+        if self.motion_head is not None:
+            out.update(motion=self.motion_head.motion_anchor, plan=self.motion_head.plan_anchor)
+        return out
+
+    def anchor_spec(self) -> Any:
+        """What k-means anchors for this network must look like (``kmeans.AnchorSpec``)."""
+        from drivebench.models.sparsedrive.kmeans import AnchorSpec
+
+        params = self.anchor_parameters()
+        motion, plan = params.get("motion"), params.get("plan")
+        return AnchorSpec(num_det=params["det"].shape[0], num_map=params["map"].shape[0],
+                          num_map_sample=self.num_map_sample, class_names=tuple(self.class_names),
+                          motion=tuple(motion.shape[:3]) if motion is not None else None,
+                          plan=tuple(plan.shape[:3]) if plan is not None else None,
+                          forward_yaw=self.forward_yaw, map_roi=self.map_roi)
+
+    @torch.no_grad()
+    def set_anchors(self, anchors: Mapping[str, torch.Tensor]) -> list[str]:
+        """Copy new initial anchors in (kinds loaded from ``.npy`` files keep theirs); the kinds set."""
+        params = self.anchor_parameters()
+        done = []
+        for name, value in anchors.items():
+            if name in self.anchor_files or name not in params:
+                continue
+            param = params[name]
+            value = value.reshape(param.shape) if value.numel() == param.numel() else value
+            if value.shape != param.shape:
+                raise ValueError(f"{name} anchors have shape {tuple(value.shape)}; this network needs {tuple(param.shape)}")
+            param.copy_(value.to(param))
+            done.append(name)
+        return done
 
     # ---- streaming state ---------------------------------------------------------------------
     def reset_state(self) -> None:
