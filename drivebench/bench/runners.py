@@ -163,6 +163,7 @@ class TrainBench:
             if note is not None:  # only above 100% (docs/summary.md)
                 summary["efficiency_note"] = note
         summary["bottleneck"] = diagnose(summary)
+        summary["settings"].update(run.module.summary_settings())
         if run.compiled_units:
             summary["settings"]["compile_report"] = compile_report()
         if run.module.graphed_loss is not None:

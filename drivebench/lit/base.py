@@ -103,6 +103,11 @@ class DriveModule(pl.LightningModule):
     def static_shapes_report(self) -> dict[str, Any]:
         return {}
 
+    def summary_settings(self) -> dict[str, Any]:
+        """Model-specific choices a run made (merged into the summary's ``settings``): e.g. where
+        SparseDrive's anchors came from."""
+        return {}
+
     def loss_of_batch(self, batch: Any) -> dict[str, torch.Tensor]:
         return self.compute_loss(batch, self(batch))
 

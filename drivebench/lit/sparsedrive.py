@@ -175,6 +175,9 @@ class SparseDriveModule(DriveModule):
                               "clusters": {k: v for k, v in report.items() if k in replaced}}
         log.info("SparseDrive anchors: k-means of %d training samples for %s", len(records), ", ".join(replaced))
 
+    def summary_settings(self) -> dict[str, Any]:
+        return {"anchors": self.anchor_report or {"source": "default", "reason": "no nuScenes training infos"}}
+
     # ---- streaming state ---------------------------------------------------------------------
     def on_train_epoch_start(self) -> None:
         self.net.reset_state()
