@@ -24,6 +24,7 @@ from drivebench.models.qcnet.metrics import MotionMetrics
 from drivebench.models.sparsedrive.detection_metric import DetectionMetric
 from drivebench.models.sparsedrive.metrics import MotionMetric, PlanningMetric
 from drivebench.models.sparsedrive.model import DETECTION_CLASSES
+from drivebench.models.sparsedrive.tracking_metric import TrackingMetric
 
 # a metric that only received merged states was never update()d: torchmetrics warns, harmlessly here
 pytestmark = pytest.mark.filterwarnings("ignore:The ``compute`` method of metric")
@@ -129,6 +130,40 @@ def _motion_samples() -> list[tuple]:
     return out
 
 
+def _tracking_samples() -> list[tuple]:
+    """Two scenes of two cars each over 4 frames, tracked with noise and one identity swap in scene 1;
+    the streaming sampler gives a scene to one rank, and may replay a frame on it."""
+    rng = np.random.default_rng(5)
+    out = []
+    for scene in (0, 1):
+        start = rng.uniform(-20, 20, (2, 2))
+        for t in range(4):
+            gt = start + np.array([1.0, 0.0]) * t
+            ids = np.array([10, 11]) if scene == 0 or t < 2 else np.array([11, 10])
+            pred = gt + rng.normal(0, 0.3, gt.shape)
+            boxes = np.concatenate([pred, np.zeros((2, 7))], 1)
+            gt_boxes = np.concatenate([gt, np.zeros((2, 7))], 1)
+            scores = rng.uniform(0.3, 1.0, 2)
+            out.append((boxes, scores, scores, np.zeros(2, int), ids, gt_boxes, np.zeros(2, int), np.array([1, 2]),
+                        scene, 0.5 * t))
+    return out
+
+
+def test_tracking_metric_merge_counts_a_replayed_sample_once():
+    samples = _tracking_samples()
+    whole, rank0, rank1 = TrackingMetric(DETECTION_CLASSES), TrackingMetric(DETECTION_CLASSES), TrackingMetric(DETECTION_CLASSES)
+    for sample in samples:
+        whole.update(*sample)
+    for sample in samples[:4]:
+        rank0.update(*sample)
+    for sample in samples[4:] + samples[4:5]:  # scene 1 with its first frame replayed
+        rank1.update(*sample)
+    merged = _merged(TrackingMetric(DETECTION_CLASSES), [rank0, rank1])
+    assert merged.num_samples == 9
+    assert merged.compute() == pytest.approx(whole.compute())
+    assert 0.0 < whole.compute()["AMOTA"] < 1.0
+
+
 def test_sparsedrive_motion_metric_merge():
     whole, parts = MotionMetric(), [MotionMetric() for _ in range(3)]
     for sample, part in zip(_motion_samples(), parts):
@@ -182,16 +217,22 @@ def _rank(rank: int, port: int, results) -> None:
         motion = MotionMetric()
         for sample in _motion_samples()[:1] if rank == 0 else _motion_samples()[1:]:
             motion.update(*sample)
-        results[rank] = (ap.compute()["mAP"], detection.compute(), motion.compute(), detection.num_samples)
+        tracking = TrackingMetric(DETECTION_CLASSES)
+        for sample in _tracking_samples()[:4] if rank == 0 else _tracking_samples()[4:]:  # a scene per rank
+            tracking.update(*sample)
+        results[rank] = (ap.compute()["mAP"], detection.compute(), motion.compute(), detection.num_samples,
+                         tracking.compute())
     finally:
         dist.destroy_process_group()
 
 
 def test_two_gloo_ranks_compute_the_same_global_values():
     union = _ap([([LINE], [0.5], [LINE]), ([FAR], [0.9], [LINE])]).compute()["mAP"]
-    detection, motion = DetectionMetric(DETECTION_CLASSES), MotionMetric()
+    detection, motion, tracking = DetectionMetric(DETECTION_CLASSES), MotionMetric(), TrackingMetric(DETECTION_CLASSES)
     for sample in DETECTIONS:
         detection.update(*sample)
+    for sample in _tracking_samples():
+        tracking.update(*sample)
     for sample in _motion_samples():
         motion.update(*sample)
     with mp.Manager() as manager:
@@ -199,8 +240,9 @@ def test_two_gloo_ranks_compute_the_same_global_values():
         mp.spawn(_rank, args=(_free_port(), results), nprocs=2, join=True)
         got = dict(results)
     for rank in (0, 1):
-        ap, det, mot, local_samples = got[rank]
+        ap, det, mot, local_samples, trk = got[rank]
         assert ap == pytest.approx(union)
+        assert trk == pytest.approx(tracking.compute()) and "AMOTA" in trk
         assert det == pytest.approx(detection.compute())
         assert mot == pytest.approx(motion.compute())
         assert local_samples == (2 if rank == 0 else 1)  # compute() restores the rank's own state
