@@ -105,3 +105,14 @@ def test_perfect_detections_score_full_car_ap() -> None:
     assert result["det/mATE"] < 1.0 and 0.0 < result["det/NDS"] <= 1.0
     assert "track/AMOTA" in result  # the stage-2 bank's track ids, scored per scene
     assert "map/mAP" in result and "plan/L2_avg" in result
+
+
+def test_stage_one_validation_scores_detection_tracking_and_map(tmp_path) -> None:
+    module = _module(stage=1)
+    loader = DataLoader(make_sequence(3, batch_size=2), batch_size=None, shuffle=False)
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path)
+    metrics = trainer.validate(module, loader, verbose=False)[0]
+    for key in ("val/det/NDS", "val/det/mAP", "val/track/AMOTA", "val/track/AMOTP", "val/map/mAP"):
+        assert key in metrics, f"{key} missing from {sorted(metrics)}"
+    assert not any(k.startswith(("val/plan/", "val/motion/")) for k in metrics)  # no motion head in stage 1

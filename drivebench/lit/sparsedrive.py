@@ -77,8 +77,8 @@ class SparseDriveModule(DriveModule):
         self.num_detections = num_detections
         self.plan_rescore = plan_rescore
         self.det_metric = DetectionMetric(DETECTION_CLASSES)  # mAP, TP errors, NDS
-        # AMOTA / AMOTP of the instance bank's track ids (stage 2 tracks; stage 1 has no ids)
-        self.track_metric = TrackingMetric(DETECTION_CLASSES) if stage == 2 else None
+        # AMOTA / AMOTP of the instance bank's track ids (both stages, as upstream evaluates them)
+        self.track_metric = TrackingMetric(DETECTION_CLASSES)
         self.map_ap = ChamferMapAP(MAP_CLASSES, CHAMFER_THRESHOLDS)
         self.motion_metric = MotionMetric()
         self.planning_metric = PlanningMetric(forward_yaw=getattr(net, "forward_yaw", math.pi / 2))
@@ -93,8 +93,7 @@ class SparseDriveModule(DriveModule):
 
     def compute_metrics(self) -> dict[str, float]:
         out = {f"det/{k}": v for k, v in self.det_metric.compute().items()}
-        if self.track_metric is not None:
-            out.update({f"track/{k}": v for k, v in self.track_metric.compute().items()})
+        out.update({f"track/{k}": v for k, v in self.track_metric.compute().items()})
         if self.net.map_head is not None:
             out.update({f"map/{k}": v for k, v in self.map_ap.compute().items()})
         if self.net.motion_head is not None:
@@ -117,7 +116,7 @@ class SparseDriveModule(DriveModule):
         for i in range(b):
             self.det_metric.update(det_np["boxes"][i], det_np["scores"][i], det_np["labels"][i], gt_boxes[i],
                                    gt_labels[i], l2e[i], gt_attrs=gt_attrs[i], gt_velocity_valid=gt_vel_ok[i])
-        if self.track_metric is not None and outputs.det.instance_id is not None and "gt_instance_ids" in batch:
+        if outputs.det.instance_id is not None and "gt_instance_ids" in batch:
             track_ids = torch.gather(outputs.det.instance_id, 1, dets.query).cpu().numpy()
             scenes = batch["sequence_id"].cpu().numpy()
             times = batch["timestamp"].double().cpu().numpy()

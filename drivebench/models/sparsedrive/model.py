@@ -129,7 +129,7 @@ class SparseDrive(nn.Module):
         det_anchor_init = load_or_default(det_anchors, default_detection_anchors(num_det_anchors), "detection")
         self.det_head = build_detection_head(
             det_anchor_init, dims, num_det_classes, num_det_temp, num_layers, num_single_frame, num_heads, num_groups,
-            num_levels, num_cams, num_det_learnable_pts, confidence_decay, track_ids=(stage == 2), dropout=dropout,
+            num_levels, num_cams, num_det_learnable_pts, confidence_decay, track_ids=True, dropout=dropout,
             aggregation=aggregation)
         map_anchor_init = load_or_default(map_anchors, default_map_anchors(num_map_anchors, num_map_sample, self.map_roi, forward_yaw=self.forward_yaw), "map")
         self.map_head = build_map_head(

@@ -41,7 +41,7 @@ class HeadOutput:
     quality: list[torch.Tensor | None] = field(default_factory=list)  # (B, Q, 2) or None
     instance_feature: torch.Tensor | None = None  # (B, Q, C) after the last layer
     anchor_embed: torch.Tensor | None = None  # (B, Q, C)
-    instance_id: torch.Tensor | None = None  # (B, Q) track ids (detection head in stage 2)
+    instance_id: torch.Tensor | None = None  # (B, Q) track ids (the detection head, both stages as upstream)
     dn: DenoisingOutput | None = None  # predictions of the noisy queries (training with denoising)
 
 
