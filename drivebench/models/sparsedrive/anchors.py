@@ -1,11 +1,12 @@
 """Initial anchors of SparseDrive's heads.
 
 Upstream loads k-means clusters of the nuScenes training set (``tools/kmeans/*.py``): detection
-centres, map-element centres, per-class agent futures and per-command ego futures. Those files are
-dataset products that are not shipped here, so every builder accepts a ``.npy`` path with the same
-layout, and without one uses the deterministic, data-free defaults below (same shapes, plausible
-geometry in the lidar frame, whose forward direction is ``forward_yaw`` (pi/2 in nuScenes'
-LIDAR_TOP: x right, y forward), metres).
+centres, map-element centres, per-class agent futures and per-command ego futures. Here the
+network is built with the deterministic, data-free defaults below (same shapes, plausible geometry
+in the lidar frame, whose forward direction is ``forward_yaw`` (pi/2 in nuScenes' LIDAR_TOP: x
+right, y forward), metres), or with ``.npy`` files of upstream's layout; the LightningModule then
+replaces the defaults with k-means clusters of the training infos (``kmeans.py``) once the data is
+prepared (``model.module.anchors=kmeans``, the default).
 """
 
 from __future__ import annotations

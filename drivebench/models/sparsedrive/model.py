@@ -47,7 +47,8 @@ class SparseDrive(nn.Module):
 
     Args (sizes in ``__init__.py``): ``stage`` 1 trains detection + map, 2 adds motion and
     planning. ``det_anchors`` / ``map_anchors`` / ``motion_anchors`` / ``plan_anchors``: optional
-    ``.npy`` k-means files as upstream's ``data/kmeans``; built-in defaults otherwise.
+    ``.npy`` k-means files as upstream's ``data/kmeans``; built-in defaults otherwise, which
+    ``set_anchors`` replaces (the LightningModule's k-means of the training infos, ``kmeans.py``).
     ``aggregation``: how the deformable aggregation samples (grid_sample | chunked | compiled).
     ``activation_checkpointing``: recompute the ResNet's residual blocks in backward (upstream
     ``with_cp=True``). ``image_size``: the (H, W) the model is fed (metadata for accel's checkpointing).
