@@ -25,6 +25,7 @@ from omegaconf.errors import InterpolationResolutionError
 from drivebench.accel.compile import apply_compile, to_channels_last
 from drivebench.accel.cuda_graphs import settle_cuda_graphs
 from drivebench.accel.settings import AccelSettings
+from drivebench.accel.threads import ThreadBudget
 from drivebench.ckpt.store import CheckpointWriteError
 from drivebench.data.datamodule import DriveDataModule
 from drivebench.data.device_transfer import DeviceTransform
@@ -52,6 +53,7 @@ class Run:
     p2p: dict[str, Any] = field(default_factory=dict)
     cuda_graphs: str = "off"  # on | off | off: <why auto turned them off>
     activation_checkpointing: dict[str, Any] = field(default_factory=dict)  # accel's decision, for the summary
+    threads: ThreadBudget | None = None  # accel.threads as applied in this process (settings.threads)
     job: DistJob | None = None
     started: float = field(default_factory=time.time)
     autotune: dict[str, Any] | None = None  # accel=auto / bench=autotune: the trial table (summary ``autotune``)
@@ -132,8 +134,15 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
         log.warning("machine=%s describes a GPU machine but this one has no usable GPU: the run goes on here on "
                     "the CPU (the profile is for dispatching jobs to that machine: hydra/launcher=drivebench_slurm)",
                     cfg.machine.name)
-    accel = AccelSettings.resolve(OmegaConf.to_container(cfg.accel, resolve=True), machine)
+    accel_cfg = OmegaConf.to_container(cfg.accel, resolve=True)
+    # training processes on this node share its cores (the trainer checks dist.devices again below)
+    processes = resolve_devices(cfg.dist, len(machine.gpus), "gpu" if machine.accelerator == "cuda" else "cpu")
+    accel = AccelSettings.resolve(accel_cfg, machine, processes)
     accel.apply_global_flags()
+    # before data preparation: its process pool and the loader workers start within the budget
+    threads = accel.thread_budget(accel_cfg["threads"], machine, processes).apply()
+    if threads.to_dict()["fits"] is False:
+        log.warning("accel.threads: %s", threads.note())
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
 
     source = build(cfg.data.source)
@@ -152,7 +161,7 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
         source=source, transform=transform, collate_fn=collate, batch_size=cfg.model.batch_size,
         val_batch_size=cfg.model.val_batch_size, accel=accel, seed=cfg.seed,
         train_split=cfg.data.train_split, val_split=cfg.data.val_split, progress=progress,
-        batch_sampler=batch_sampler, device_transform=device_transform,
+        batch_sampler=batch_sampler, device_transform=device_transform, threads=threads,
     )
     scheduler = build(cfg.model.scheduler) if cfg.model.get("scheduler") else None
     module = build(cfg.model.module)(
@@ -161,7 +170,8 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     )
     module.run_config = redact(_plain_config(cfg))
     run = Run(cfg=cfg, machine=machine, accel=accel, output_dir=output_dir, datamodule=datamodule,
-              module=module, compiled_units=compiled, p2p=p2p, activation_checkpointing=checkpointing)
+              module=module, compiled_units=compiled, p2p=p2p, activation_checkpointing=checkpointing,
+              threads=threads)
     kwargs = run.trainer_kwargs()  # validates dist.devices / backend against this machine before any work
     devices = kwargs["devices"]
     world = (devices if isinstance(devices, int) else len(devices)) * int(kwargs["num_nodes"])

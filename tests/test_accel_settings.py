@@ -46,14 +46,17 @@ def test_none_is_the_naive_baseline():
 
 def test_max_on_an_h200_uses_every_core_bf16_and_compile():
     s = AccelSettings.resolve(preset("max"), machine(1, 16))
-    assert s.num_workers == 16 and s.pin_memory and s.persistent_workers and s.compile
+    # a loader worker per core but the one the thread budget keeps for the training process
+    assert s.num_workers == 15 and s.threads == 1 and s.pin_memory and s.persistent_workers and s.compile
     assert s.precision == "bf16-mixed" and s.tf32 and s.shm_cache and s.preprocess_workers == 16
     assert "precision=bf16-mixed" in s.numerics_changes()
 
 
 def test_max_on_two_gpus_splits_cores_per_device():
-    assert AccelSettings.resolve(preset("max"), machine(2, 32)).num_workers == 16
-    assert AccelSettings.resolve(preset("max"), machine(2, 8)).num_workers == 4
+    assert AccelSettings.resolve(preset("max"), machine(2, 32)).num_workers == 15
+    assert AccelSettings.resolve(preset("max"), machine(2, 8)).num_workers == 3
+    # without the thread budget (PyTorch's thread defaults) every core of the device gets a worker
+    assert AccelSettings.resolve(preset("max", "accel.threads=default"), machine(2, 8)).num_workers == 4
 
 
 def test_max_on_a_cpu_machine_stays_fp32_uncompiled():

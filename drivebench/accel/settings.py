@@ -12,6 +12,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from drivebench.accel.threads import ThreadBudget, check_knob, training_threads
 from drivebench.errors import ConfigError, bad_choice
 from drivebench.perf.machine import MachineInfo
 
@@ -53,6 +54,7 @@ class AccelSettings:
     cuda_graphs: str  # off | on | auto here; app.build_run settles auto against the model and the run
     fused_optimizer: bool
     activation_checkpointing: str
+    threads: int | str = "default"  # the training process's intra-op threads under the budget, or "default" (see threads.py)
     auto_trial: bool = False       # accel=auto: time candidate settings first, train with the fastest
     auto_numerics: bool = False    # the trial may change the number format (precision, TF32)
     auto_budget_s: float = 60.0    # the trial's wall-time bound
@@ -61,8 +63,11 @@ class AccelSettings:
     auto_margin: float = 0.05      # a gain under this share of the step is noise: the simpler setting stays
 
     @classmethod
-    def resolve(cls, cfg: Mapping[str, Any], machine: MachineInfo) -> "AccelSettings":
-        """Resolve ``auto`` values for ``machine`` and validate every field (ConfigError on bad input)."""
+    def resolve(cls, cfg: Mapping[str, Any], machine: MachineInfo, processes: int | None = None) -> "AccelSettings":
+        """Resolve ``auto`` values for ``machine`` and validate every field (ConfigError on bad input).
+
+        ``processes``: training processes on this machine (DDP ranks per node; default one per
+        device), which share its cores."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(cfg) - known)
         if unknown:
@@ -71,7 +76,8 @@ class AccelSettings:
         if missing:
             raise ConfigError(f"accel.{missing[0]} is missing from the accel preset {cfg.get('name')!r}")
         on_gpu = machine.accelerator == "cuda"
-        cores = machine.cores_per_device
+        cores = max(machine.cpu_cores // (processes or machine.num_devices), 1)  # per training process
+        thread_knob = check_knob(cfg["threads"])
 
         def count(key: str, auto: int) -> int:
             value = cfg[key]
@@ -89,7 +95,9 @@ class AccelSettings:
                 raise ConfigError(f"accel.{key}={value!r} is not valid; use true, false or 'auto'")
             return value
 
-        loader_auto = min(cores, MAX_LOADER_WORKERS) if on_gpu else max(machine.cpu_cores // 2, 1)
+        # GPU: a worker per core, one core left to the training process when a thread budget counts it
+        keep = 0 if thread_knob == "default" else 1
+        loader_auto = min(max(cores - keep, 1), MAX_LOADER_WORKERS) if on_gpu else max(cores // 2, 1)
         num_workers = count("num_workers", loader_auto)
         prefetch = cfg["prefetch_factor"]
         if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1):
@@ -169,6 +177,7 @@ class AccelSettings:
             cuda_graphs=graphs,
             fused_optimizer=flag("fused_optimizer", on_gpu) and on_gpu,
             activation_checkpointing=checkpointing,
+            threads=training_threads(thread_knob, cores, num_workers) or "default",
             auto_trial=cfg["auto_trial"],
             auto_numerics=cfg["auto_numerics"],
             auto_budget_s=float(budget),
@@ -238,6 +247,11 @@ class AccelSettings:
                               f"{CHECKPOINTING_AUTO_SHARE:.0%} of device memory)")
         set_activation_checkpointing(net, enabled)
         return {**record, "enabled": enabled, "reason": reason}
+
+    def thread_budget(self, knob: int | str, machine: MachineInfo, processes: int | None = None) -> ThreadBudget:
+        """The thread budget of ``accel.threads=knob`` for these workers on ``machine`` (not yet applied)."""
+        return ThreadBudget.plan(knob, machine.cpu_cores, machine.cpu_cores_source,
+                                 processes or machine.num_devices, self.num_workers, self.preprocess_workers)
 
     def apply_global_flags(self) -> None:
         """Process-wide torch switches (matmul precision, cuDNN autotuning)."""

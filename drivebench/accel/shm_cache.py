@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
+from drivebench.accel.threads import pool_kwargs
 from drivebench.data.sampling import unpack_key
 
 
@@ -179,7 +180,7 @@ class SharedArrayCache:
 def _map(fn: Callable[[str], np.ndarray], keys: Sequence[str], workers: int, progress: bool,
          desc: str) -> Iterable[np.ndarray]:
     if workers > 0:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        with ProcessPoolExecutor(max_workers=workers, **pool_kwargs()) as pool:
             yield from tqdm(pool.map(fn, keys, chunksize=8), total=len(keys), desc=desc, disable=not progress,
                             leave=False)
     else:

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from drivebench.accel.settings import AccelSettings
 from drivebench.accel.shm_cache import CacheDoesNotFit, SharedSampleCache
+from drivebench.accel.threads import ThreadBudget, limit_threads
 from drivebench.data.device_prefetch import DevicePrefetchLoader
 from drivebench.data.device_transfer import DeviceTransform, DeviceTransferDataModule
 from drivebench.data.epoch_stream import EpochStream
@@ -56,11 +57,21 @@ def _prepare_lock(cache_dir: Any) -> Iterator[None]:
         yield
 
 
-def _seed_worker(worker_id: int) -> None:
-    # numpy's global RNG is otherwise identical in every forked worker; per-sample randomness in
-    # our datasets comes from (seed, epoch, index) and never from these global states
-    seed = torch.initial_seed() % 2**32
-    np.random.seed(seed)
+class WorkerInit:
+    """``worker_init_fn`` of every loader: numpy's seed, and the worker's threads from the thread budget.
+
+    numpy's global RNG is otherwise identical in every forked worker (per-sample randomness in our
+    datasets comes from (seed, epoch, index) and never from these global states). ``threads``:
+    torch intra-op / inter-op and BLAS / OpenMP threads of the worker (None: PyTorch's defaults,
+    i.e. torch's DataLoader sets one intra-op thread and BLAS keeps one per core).
+    """
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = threads
+
+    def __call__(self, worker_id: int) -> None:
+        np.random.seed(torch.initial_seed() % 2**32)
+        limit_threads(self.threads)
 
 
 class DriveDataModule(DeviceTransferDataModule):
@@ -79,6 +90,8 @@ class DriveDataModule(DeviceTransferDataModule):
         device_transform: the batch-level transform run on the device after the copy (the camera
             pipelines' GPU decode and normalisation, mmdet3d's data_preprocessor); see
             :class:`DeviceTransferDataModule`.
+        threads: the run's thread budget: each loader worker starts with its ``worker_threads``
+            (None: PyTorch's defaults).
     """
 
     def __init__(
@@ -95,6 +108,7 @@ class DriveDataModule(DeviceTransferDataModule):
         progress: bool = True,
         batch_sampler: Callable[..., EpochBatchSampler] | None = None,
         device_transform: DeviceTransform | None = None,
+        threads: ThreadBudget | None = None,
     ) -> None:
         super().__init__(device_transform)
         self.source = source
@@ -111,6 +125,7 @@ class DriveDataModule(DeviceTransferDataModule):
         self.val_set: Dataset | None = None
         self.cache_info: dict[str, Any] = {"enabled": accel.shm_cache}
         self.batch_sampler_factory = batch_sampler
+        self.worker_init = WorkerInit(threads.worker_threads if threads is not None else None)
         self._streams: list[weakref.ref] = []  # EpochStreams handed out; their workers stop at teardown
 
     def prepare_data(self) -> None:
@@ -203,7 +218,7 @@ class DriveDataModule(DeviceTransferDataModule):
             self.train_set,
             batch_sampler=batch_sampler,
             collate_fn=self.collate_fn,
-            worker_init_fn=_seed_worker,
+            worker_init_fn=self.worker_init,
             # its own generator: starting an iterator draws a worker base seed, which must not come
             # from the global RNG (a resumed run restores that state, then starts a new iterator)
             generator=torch.Generator().manual_seed(self.seed),
@@ -223,4 +238,5 @@ class DriveDataModule(DeviceTransferDataModule):
         else:
             sampler = RandomBatchSampler(len(self.val_set), self.val_batch_size, shuffle=False, drop_last=False,
                                          num_replicas=replicas, rank=rank, seed=self.seed)
-        return DataLoader(self.val_set, batch_sampler=sampler, collate_fn=self.collate_fn, **kwargs)
+        return DataLoader(self.val_set, batch_sampler=sampler, collate_fn=self.collate_fn,
+                          worker_init_fn=self.worker_init, **kwargs)

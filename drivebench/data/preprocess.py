@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from drivebench.accel.threads import pool_kwargs
+
 log = logging.getLogger(__name__)
 
 # Pickle protocol 5 files start with PROTO 5 and end with STOP.
@@ -160,7 +162,8 @@ def preprocess_all(
     todo = [(item, path) for item, path in zip(items, paths) if not looks_complete(path)]
     reused = len(items) - len(todo)
     if workers > 0 and len(todo) > 1:
-        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=pool_context(mp_context)) as pool:
+        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=pool_context(mp_context),
+                                 **pool_kwargs()) as pool:  # each process within the thread budget
             futures = [pool.submit(_build_one, fn, item, path) for item, path in todo]
             for future in _progress(as_completed(futures), len(futures), desc, progress):
                 future.result()

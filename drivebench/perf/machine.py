@@ -5,6 +5,7 @@ Everything here is read-only inspection (NVML, /proc, statvfs); nothing is bench
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import shutil
@@ -33,7 +34,7 @@ class MachineInfo:
 
     hostname: str
     cpu_model: str
-    cpu_cores: int                  # logical cores this process may use
+    cpu_cores: int                  # logical cores this process may use (affinity and cgroup CPU quota)
     ram_gb: float
     shm_gb: float | None            # size of /dev/shm
     shm_free_gb: float | None
@@ -46,6 +47,7 @@ class MachineInfo:
     torch: str = torch.__version__
     python: str = platform.python_version()
     bf16_supported: bool = False
+    cpu_cores_source: str = "given"  # where cpu_cores came from (see usable_cores)
 
     @property
     def num_devices(self) -> int:
@@ -69,11 +71,87 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cpu_cores() -> int:
+@dataclass
+class CoreCount:
+    """The cores this process may use, and where the number came from."""
+
+    cores: int
+    source: str                     # e.g. "affinity (2 CPUs)" or "cgroup cpu.max 150000/100000 (1.5 CPUs)"
+    affinity: int                   # CPUs in os.sched_getaffinity (os.cpu_count() where there is none)
+    cpu_count: int | None           # os.cpu_count(): the machine's, not this process's
+    quota_cpus: float | None        # the cgroup CPU quota in CPUs (None: no quota)
+
+
+def _read(path: Path) -> str | None:
     try:
-        return len(os.sched_getaffinity(0))
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _quota_at(directory: Path, v2: bool) -> tuple[float, str] | None:
+    """The CPU quota set in one cgroup directory, as (CPUs, what was read); None when unlimited."""
+    if v2:
+        raw = _read(directory / "cpu.max")  # "max 100000" (no limit) or "<quota> <period>"
+        parts = raw.split() if raw else []
+        quota, period = (parts[0], parts[1]) if len(parts) == 2 else (None, None)
+        where = f"{directory / 'cpu.max'} {raw}"
+    else:
+        quota, period = _read(directory / "cpu.cfs_quota_us"), _read(directory / "cpu.cfs_period_us")
+        where = f"{directory / 'cpu.cfs_quota_us'} {quota}/{period}"
+    try:
+        q, p = float(quota), float(period)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # "max", absent files
+        return None
+    return (q / p, f"cgroup {where}") if q > 0 and p > 0 else None  # v1 writes -1 for no limit
+
+
+def _cgroup_quota(proc_cgroup: Path, cgroup_root: Path) -> tuple[float, str] | None:
+    """The tightest CPU quota over this process's cgroup and its ancestors (cgroup v2 ``cpu.max``,
+    v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), as (CPUs, what was read)."""
+    text = _read(proc_cgroup)
+    best: tuple[float, str] | None = None
+    for line in (text or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        controllers, rel = parts[1], parts[2]
+        v2 = controllers == ""
+        if not v2 and "cpu" not in controllers.split(","):
+            continue
+        names = [cgroup_root, cgroup_root / "unified"] if v2 else [
+            cgroup_root / controllers, cgroup_root / "cpu", cgroup_root / "cpu,cpuacct"]
+        mount = next((m for m in names if m.is_dir()), None)
+        if mount is None:
+            continue
+        level = Path(rel.lstrip("/"))
+        for directory in [mount / level, *(mount / parent for parent in level.parents)]:
+            found = _quota_at(directory, v2)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = found
+    return best
+
+
+def usable_cores(proc_cgroup: Path = Path("/proc/self/cgroup"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> CoreCount:
+    """Cores this process may use: its CPU affinity, lowered to a cgroup CPU quota when there is one.
+
+    Why not ``os.cpu_count()``: a container limited by affinity (cpuset) or by a CFS quota still sees
+    every core of the host there, and thread pools sized to it oversubscribe the cores it may use.
+    A quota of 1.5 CPUs counts as 1 core (whole cores, at least 1).
+    """
+    count = os.cpu_count()
+    try:
+        affinity = len(os.sched_getaffinity(0))
+        source = f"affinity ({affinity} of {count} CPUs)"
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        affinity = count or 1
+        source = f"os.cpu_count ({affinity} CPUs; no affinity on this OS)"
+    quota = _cgroup_quota(proc_cgroup, cgroup_root)
+    cores = affinity
+    if quota is not None and quota[0] < affinity:
+        cores = max(int(math.floor(quota[0] + 1e-9)), 1)
+        source = f"{quota[1]} ({quota[0]:g} CPUs, below the affinity of {affinity})"
+    return CoreCount(cores, source, affinity, count, quota[0] if quota else None)
 
 
 def _shm() -> tuple[float | None, float | None]:
@@ -88,10 +166,12 @@ def detect_machine(accelerator: str = "auto") -> MachineInfo:
     """Inspect this machine. ``accelerator`` (auto | gpu | cpu) restricts what is used."""
     use_cuda = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
     shm_total, shm_free = _shm()
+    cores = usable_cores()
     info = MachineInfo(
         hostname=socket.gethostname(),
         cpu_model=_cpu_model(),
-        cpu_cores=_cpu_cores(),
+        cpu_cores=cores.cores,
+        cpu_cores_source=cores.source,
         ram_gb=psutil.virtual_memory().total / 2**30,
         shm_gb=shm_total,
         shm_free_gb=shm_free,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from drivebench.accel.threads import pool_kwargs
 from drivebench.data.argoverse2 import schema
 from drivebench.data.argoverse2.format_writer import CityFrame, ScenarioMeta, map_json, write_scenario
 from drivebench.data.argoverse2.synthetic_map import NetworkSize, build_network
@@ -159,7 +160,7 @@ def generate_av2(root: Path, size: str = "bench", seed: int = 0, workers: int = 
     bar = _progress_bar(total, f"generate argoverse2 {size}", progress)
     try:
         if workers > 0:
-            with ProcessPoolExecutor(max_workers=workers, mp_context=pool_context()) as pool:
+            with ProcessPoolExecutor(max_workers=workers, mp_context=pool_context(), **pool_kwargs()) as pool:
                 for done in pool.map(_generate_chunk, jobs):
                     bar.update(done)
         else:

@@ -25,6 +25,7 @@ from typing import Any, Iterable
 import numpy as np
 from pyquaternion import Quaternion
 
+from drivebench.accel.threads import pool_kwargs
 from drivebench.data.nuscenes import CAMERAS, LOCATIONS
 from drivebench.data.nuscenes.cache import cached, file_fingerprint
 from drivebench.data.nuscenes.errors import CorruptFileError, DataFileError, MissingFileError, MissingTableError
@@ -514,8 +515,8 @@ def _convert(root: Path, version: str, workers: int, opts: dict) -> tuple[list[d
     try:
         if workers > 0 and len(jobs) > 1:
             ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
-            with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx, initializer=_init_worker,
-                                     initargs=(str(root), version)) as pool:
+            with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=ctx,
+                                     **pool_kwargs(_init_worker, (str(root), version))) as pool:
                 results = list(pool.map(_scene_records, jobs))
         else:
             results = [_scene_records(j) for j in jobs]

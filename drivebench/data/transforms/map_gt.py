@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from drivebench.accel.threads import pool_kwargs
 from drivebench.data.nuscenes.cache import cached, file_fingerprint
 from drivebench.polylines import resample
 
@@ -257,7 +258,7 @@ def precompute_map_geometry(
         args = [(c, dataroot, tuple(patch_size), merge_dividers) for c in chunks]
         if workers > 0 and len(chunks) > 1:
             ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
-            with ProcessPoolExecutor(min(workers, len(chunks)), mp_context=ctx) as pool:
+            with ProcessPoolExecutor(min(workers, len(chunks)), mp_context=ctx, **pool_kwargs()) as pool:
                 parts = list(pool.map(_extract_chunk, args))
         else:
             parts = [_extract_chunk(a) for a in args]
