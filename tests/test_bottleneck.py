@@ -17,6 +17,7 @@ import torch
 from fsspec.implementations.memory import MemoryFileSystem
 from torch.utils.data import DataLoader, Dataset
 
+from drivebench.accel.threads import ThreadBudget
 from drivebench.ckpt.callback import Checkpointing
 from drivebench.lit.base import DriveModule
 from drivebench.perf import bottleneck as B
@@ -206,6 +207,12 @@ def test_busy_processes_beside_the_run_are_oversubscription(tmp_path):
     assert f"on {CORES} usable cores" in verdict["evidence"] and "OMP_NUM_THREADS" in verdict["next"]
     summary["settings"]["accel"]["threads"] = 2  # with the thread-budget knob, the verdict names it
     assert B.diagnose(summary)["next"].startswith("accel.threads=auto (now 2")
+    # with the budget's record (settings.threads): PyTorch's defaults, or a budget that fits (others take the cores)
+    summary["settings"]["threads"] = ThreadBudget.plan("default", CORES, "affinity", 1, 0, 0).to_dict()
+    assert B.diagnose(summary)["next"].startswith("accel.threads=auto (now PyTorch's defaults: n training threads")
+    summary["settings"]["threads"] = ThreadBudget.plan("auto", CORES, "affinity", 1, 0, 0).to_dict()
+    assert B.diagnose(summary)["next"].startswith(f"stop the other processes on this machine: this run's threads "
+                                                  f"fit its cores ({CORES} training threads")
 
 
 # ---- constructed summaries: evidence only a GPU (or DDP) gives ---------------------------------------

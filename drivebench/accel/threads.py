@@ -156,8 +156,8 @@ class ThreadBudget:
         training = self.training_threads if self.active else self.applied.get("torch_intra_op")
         what = "PyTorch's default" if not self.active else f"accel.threads={self.knob}"
         share = f" (of {self.processes} processes' cores)" if self.processes > 1 else ""
-        head = (f"{training} training threads ({what}) + {self.loader_workers} loader workers x "
-                f"{self.worker_threads or 1} on {self.cores} usable cores{share}")
+        head = (f"{_count(training, 'training thread')} ({what}) + {_count(self.loader_workers, 'loader worker')} "
+                f"x {self.worker_threads or 1} on {_count(self.cores, 'usable core')}{share}")
         if total is None or total <= self.cores:
             return head + ": fits"
         if self.active and self.loader_workers >= self.cores:
@@ -193,6 +193,10 @@ class ThreadBudget:
         out["fits"] = None if total is None else total <= self.cores
         out["note"] = self.note()
         return out
+
+
+def _count(n: int | None, what: str) -> str:
+    return f"n {what}s" if n is None else f"{n} {what}" + ("" if n == 1 else "s")
 
 
 def _restore_limits() -> None:

@@ -360,6 +360,7 @@ class TrainBench:
                 "numerics_changed_by": run.accel.numerics_changes(),
                 "cuda_graphs": {"status": run.cuda_graphs},
                 "activation_checkpointing": run.activation_checkpointing,
+                "threads": run.threads.to_dict() if run.threads is not None else None,
                 "compiled_units": run.compiled_units or (
                     "none: the model declares no compile units" if run.accel.compile else []),
                 "batch_size": cfg.model.batch_size,

@@ -74,6 +74,7 @@ class _Inputs:
         self.on_cuda = _get(summary, "machine", "accelerator") == "cuda"
         self.cores = _num(_get(summary, "machine", "cpu_cores"))
         self.accel = _get(summary, "settings", "accel") or {}
+        self.threads = _get(summary, "settings", "threads") or {}  # the thread budget as applied
         self.wall = _num(p.get("wall_s"))
         self.data = _num(p.get("data_wait_fraction")) or 0.0
         self.data_rank = None
@@ -192,14 +193,22 @@ def _oversubscribed(x: _Inputs) -> tuple[str, str] | None:
     signs = oversubscription(x)
     if not signs:
         return None
-    if "threads" in x.accel:  # the thread budget knob (issue 24), as resolved
+    budget = x.threads
+    evidence = ("the machine is oversubscribed, so the step's compute figures measure waiting for a core: "
+                + "; ".join(signs))
+    if budget.get("fits") and budget.get("knob") != "default":  # within its budget: the other processes crowd it
+        return evidence, (f"stop the other processes on this machine: this run's threads fit its cores "
+                          f"({budget.get('note')}); or a lower accel.threads")
+    if budget.get("knob") == "default":
+        knob = f"accel.threads=auto (now PyTorch's defaults: {budget.get('note')})"
+    elif budget:
+        knob = f"accel.threads=auto / fewer workers ({budget.get('note')})"
+    elif "threads" in x.accel:  # the thread budget knob (issue 24), as resolved
         knob = f"accel.threads=auto (now {x.accel['threads']}: torch threads + loader workers within the usable cores)"
     else:
         knob = "fewer torch threads (OMP_NUM_THREADS, torch.set_num_threads) so that they and the loader workers fit the usable cores"
-    return ("the machine is oversubscribed, so the step's compute figures measure waiting for a core: "
-            + "; ".join(signs),
-            f"{knob}, fewer accel.num_workers (now {x.accel.get('num_workers')}), or stop the other processes "
-            "on this machine")
+    return evidence, (f"{knob}, fewer accel.num_workers (now {x.accel.get('num_workers')}), or stop the other "
+                      "processes on this machine")
 
 
 def _synchronisation(x: _Inputs) -> tuple[str, str] | None:

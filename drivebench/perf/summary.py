@@ -163,6 +163,9 @@ def render_table(summary: dict[str, Any]) -> str:
     gpus = machine.get("gpus") or []
     rows.append(("machine", f"{gpus[0]['name'] + ' x' + str(len(gpus)) if gpus else 'CPU only'}, "
                             f"{machine.get('cpu_cores')} cores"))
+    threads = (summary.get("settings") or {}).get("threads") or {}
+    if threads.get("note"):
+        rows.append(("threads", f"{threads['note']} ({threads.get('cores_source')})"))
     train = summary.get("train") or {}
     if train.get("steps_measured"):
         step = train["step_s"]
