@@ -24,6 +24,8 @@ TORCH_DEFAULT_PREFETCH = 2
 DEFAULT_SAMPLE_BYTES = 16 * 2**20  # a six-camera float sample at 256x704 is ~13 MB; a motion scene far less
 MAX_CACHE_FILES_SCANNED = 200_000
 PINNED_TEST_BYTES = 256 * 2**20
+RUN_QUEUE_SAMPLES = 5
+RUN_QUEUE_INTERVAL_S = 0.1
 
 
 def shm_usage() -> tuple[int, int] | None:
@@ -52,6 +54,87 @@ def cpu_cores(ctx: DoctorContext) -> CheckResult:
         return warned(saw + ": batches are loaded in the training process while the GPU waits",
                       "accel.num_workers=auto (one worker per core of each device, at most 16)", data)
     return passed(saw, data)
+
+
+def training_processes(ctx: DoctorContext) -> int:
+    """Training processes the run starts on this machine (DDP ranks per node), which share its cores."""
+    from drivebench.dist import resolve_devices
+
+    try:
+        return resolve_devices(ctx.cfg.dist, len(ctx.machine.gpus), "gpu" if ctx.machine.accelerator == "cuda" else "cpu")
+    except Exception:  # dist.devices that the launcher checks report on their own
+        return ctx.machine.num_devices
+
+
+def default_threads() -> dict[str, int | None]:
+    """PyTorch's and the BLAS libraries' thread counts in this process: the defaults of this
+    environment (``OMP_NUM_THREADS`` and friends included), since the doctor sets none (tests replace this)."""
+    from drivebench.accel.threads import in_effect
+
+    return in_effect()
+
+
+def threads(ctx: DoctorContext) -> CheckResult:
+    """What PyTorch's default threads do on this machine beside the loader workers, and the run's thread budget."""
+    from drivebench.accel.threads import ThreadBudget
+    from drivebench.perf.system import read_run_queue
+
+    machine, accel = ctx.machine, ctx.accel
+    knob = ctx.select("accel.threads", "default")
+    processes = training_processes(ctx)
+    cores = max(machine.cpu_cores // processes, 1)
+    defaults = default_threads()
+    intra, blas = defaults["torch_intra_op"], defaults["blas"]
+    workers = accel.num_workers
+    default_total = (intra or 1) + workers
+    env = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS") if k in os.environ}
+    samples = []
+    for _ in range(RUN_QUEUE_SAMPLES):  # one reading is a moment; the median of a few is the load now
+        samples.append(read_run_queue())
+        time.sleep(RUN_QUEUE_INTERVAL_S)
+    queue = sorted(r for r, _ in samples if r is not None)
+    runnable, load = (queue[len(queue) // 2] if queue else None), samples[-1][1]
+    load = load if load is not None else float("nan")
+    saw = (f"{cores} usable cores per training process ({machine.cpu_cores_source}); PyTorch's defaults here: "
+           f"{intra} intra-op threads per process (BLAS {blas}; {', '.join(f'{k}={v}' for k, v in env.items()) or 'no OMP/MKL/OPENBLAS_NUM_THREADS set'})"
+           f", so with accel={accel.name}'s {workers} loader workers {default_total} threads on {cores} cores")
+    budget = ThreadBudget.plan(knob, machine.cpu_cores, machine.cpu_cores_source, processes, workers,
+                               accel.preprocess_workers)
+    record = budget.to_dict()
+    data = {"cores": cores, "cores_source": machine.cpu_cores_source, "default_threads": defaults, "env": env,
+            "loader_workers": workers, "run_queue": runnable, "load_1m": load, "budget": record}
+    busy = runnable is not None and runnable > cores
+    if busy:
+        saw += f"; {runnable} runnable tasks on the machine now (1-minute load {load:.1f}): other processes use the cores"
+    if budget.active:
+        saw += f"; this run: accel.threads={knob} -> {record['note']}"
+        if record["fits"] is False:
+            fix = "accel.num_workers=" + str(max(cores - 1, 0)) if budget.loader_workers >= cores else "accel.threads=auto"
+            return warned(saw, f"{fix} (training threads + loader workers within the {cores} usable cores)", data)
+        left = max(cores - (runnable or 0) - workers, 1)
+        if busy and (budget.training_threads or 1) > left:
+            return warned(saw + f": other processes take cores the run's {budget.training_threads} OpenMP threads "
+                          "wait for at every op's barrier",
+                          f"accel.threads={left} (the cores the other processes leave now), or stop them", data)
+        return passed(saw, data)
+    over = [why for why, holds in (
+        (f"{intra} intra-op threads exceed the {cores} usable cores (PyTorch counts the host's CPUs, not the "
+         "affinity or cgroup quota)", (intra or 0) > cores),
+        (f"{default_total} threads with the loader workers on {cores} cores", default_total > cores),
+        ("another busy process takes a core from PyTorch's OpenMP threads, which then wait at every op's barrier "
+         "(issue 24: 37.3 s per step instead of 1.33 s)", busy and (intra or 1) > 1)) if holds]
+    saw += "; this run keeps PyTorch's defaults (accel.threads=default)"
+    if not over:
+        return passed(saw, data)
+    auto = ThreadBudget.plan("auto", machine.cpu_cores, machine.cpu_cores_source, processes, workers,
+                             accel.preprocess_workers)
+    remedy = f"accel.threads=auto ({auto.note()})"
+    if busy:  # auto counts this run's cores, not other processes' load: leave them the cores they use now
+        left = max(cores - (runnable or 0) - workers, 1)
+        if left < (auto.training_threads or 1):
+            remedy = (f"accel.threads={left} (the cores the other processes leave now, beside "
+                      f"{workers} loader workers), or stop them; accel.threads=auto once they are gone")
+    return warned(saw + ": " + "; ".join(over), remedy, data)
 
 
 @dataclass
@@ -197,6 +280,7 @@ def pinned_memory(ctx: DoctorContext) -> CheckResult:
 
 CHECKS = [
     Check("memory.cpu_cores", cpu_cores),
+    Check("memory.threads", threads),
     Check("memory.shm", shm_space),
     Check("memory.pinned", pinned_memory),
 ]

@@ -29,6 +29,20 @@ class SystemSample:
     load_1m: float | None = None   # 1-minute load average (slow: it also remembers the minute before the run)
 
 
+def read_run_queue() -> tuple[int | None, float | None]:
+    """Runnable tasks and the 1-minute load: more runnable tasks than cores = oversubscribed."""
+    try:
+        with open("/proc/loadavg") as fh:
+            fields = fh.read().split()
+        # the reader itself is one of the running tasks
+        return max(int(fields[3].split("/")[0]) - 1, 0), float(fields[0])
+    except (OSError, ValueError, IndexError):
+        try:
+            return None, os.getloadavg()[0]
+        except (OSError, AttributeError):
+            return None, None
+
+
 class SystemMonitor:
     """Samples in a daemon thread between ``start()`` and ``stop()``.
 
@@ -102,20 +116,6 @@ class SystemMonitor:
         reading = self._gpu_reader.read() if self._gpu_reader is not None else None
         return reading if reading is not None else (None, None)
 
-    @staticmethod
-    def _run_queue() -> tuple[int | None, float | None]:
-        """Runnable tasks and the 1-minute load: more runnable tasks than cores = oversubscribed."""
-        try:
-            with open("/proc/loadavg") as fh:
-                fields = fh.read().split()
-            # the reader itself is one of the running tasks
-            return max(int(fields[3].split("/")[0]) - 1, 0), float(fields[0])
-        except (OSError, ValueError, IndexError):
-            try:
-                return None, os.getloadavg()[0]
-            except (OSError, AttributeError):
-                return None, None
-
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             gpu_util, gpu_mem = self._gpu()
@@ -123,7 +123,7 @@ class SystemMonitor:
                 main = self._proc.cpu_percent(None)
             except psutil.Error:
                 main = 0.0
-            run_queue, load_1m = self._run_queue()
+            run_queue, load_1m = read_run_queue()
             self.samples.append(
                 SystemSample(time.perf_counter(), gpu_util, gpu_mem, main, self._children_cpu(), psutil.cpu_percent(None),
                              run_queue, load_1m)
