@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: setup run test openmmlab clean-cache
+.PHONY: setup run test notebooks openmmlab clean-cache
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,13 @@ run: setup                 ## the main job: a bounded QCNet benchmark on the emb
 
 test: setup                ## the test suite (CPU only; what .ci/run calls)
 	$(PY) -m pytest -q $(ARGS)
+
+$(VENV)/.notebooks: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[notebooks]"
+	touch $@
+
+notebooks: $(VENV)/.notebooks  ## JupyterLab on notebooks/ (installs it the first time); RUNS=<folders> sets DRIVEBENCH_RUNS
+	PWD=$(CURDIR) $(if $(RUNS),DRIVEBENCH_RUNS=$(RUNS) )$(VENV)/bin/jupyter lab notebooks/ $(ARGS)
 
 openmmlab: setup           ## model=mmdet3d / bench=mmengine: build mmcv once (cached), install the OpenMMLab stack
 	$(PY) -m drivebench.openmmlab.install

@@ -149,7 +149,10 @@ def test_a_crashed_job_is_listed_and_the_rest_reported(sweep, summaries, tmp_pat
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_headless_on_the_sweep(path, sweep, summaries, monkeypatch):
-    monkeypatch.setenv("DRIVEBENCH_RUNS", str(sweep))
+    # as `DRIVEBENCH_RUNS=sweep jupyter lab notebooks/` typed in the sweep's parent: a relative folder is
+    # taken from where Jupyter started ($PWD), while the kernel runs in notebooks/
+    monkeypatch.setenv("PWD", str(sweep.parent))
+    monkeypatch.setenv("DRIVEBENCH_RUNS", sweep.name)
     monkeypatch.setenv("DRIVEBENCH_TARGETS", "train/loss<=1e12")
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, timeout=300, kernel_name="python3",

@@ -27,7 +27,7 @@ from drivebench.accel.compile import compile_report
 from drivebench.accel.gc_freeze import FreezeHeap
 from drivebench.app import Run, build
 from drivebench.bench.phase_logger import CEILING, FIT, VALIDATE, phase_logger
-from drivebench.ckpt.resume import find_resume_checkpoint
+from drivebench.ckpt.resume import describe_resume, find_resume_checkpoint
 from drivebench.ckpt.state import RngState
 from drivebench.data.device_prefetch import DevicePrefetchLoader
 from drivebench.data.epoch_stream import EpochStream
@@ -152,6 +152,7 @@ class TrainBench:
                 run.module.load_state_dict(weights)
             if self.runs_training and self.val_batches:
                 summary["val"] = self._validate(run, logger, trained_step)
+                summary["val_notes"] = run.module.metric_notes(summary["val"])
         finally:
             monitor.stop()
         summary["data"]["shm_cache"] = dm.cache_stats()
@@ -201,6 +202,7 @@ class TrainBench:
             callbacks.append(ckpt)
         resume_from = find_resume_checkpoint(cfg, checkpoint_io.store)
         summary["run"]["resumed_from"] = resume_from
+        summary["run"]["resume"] = describe_resume(cfg, resume_from, checkpoint_io.store)
         max_steps = cfg.trainer.max_steps
         if max_steps is None:  # bench.steps measured steps after warm-up and the profiled steps
             max_steps = self.warmup_steps + self.steps + (profiler.occupied_steps if profiler else 0)

@@ -137,6 +137,10 @@ class DriveModule(pl.LightningModule):
     def on_validation_epoch_start(self) -> None:
         self.reset_metrics()
 
+    def metric_notes(self, values: dict[str, float]) -> dict[str, str]:
+        """Notes on validation values a reader would misread alone (``summary.val_notes``): key -> note."""
+        return {}
+
     def on_validation_epoch_end(self) -> None:
         # every rank computes the same, global values (torchmetrics syncs the states in compute):
         # averaging them again (sync_dist) would change nothing but cost a reduction per key

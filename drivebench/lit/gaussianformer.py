@@ -10,7 +10,7 @@ from torch import nn
 from drivebench.lit.base import DriveModule
 from drivebench.lit.param_groups import split_off_backbone
 from drivebench.models.gaussianformer.losses import OccupancyLoss
-from drivebench.models.gaussianformer.metrics import OccupancyMetric
+from drivebench.models.gaussianformer.metrics import OccupancyMetric, metric_notes
 
 
 class GaussianFormerModule(DriveModule):
@@ -49,6 +49,9 @@ class GaussianFormerModule(DriveModule):
 
     def batch_size(self, batch: dict[str, Any]) -> int:
         return int(batch["img"].shape[0])
+
+    def metric_notes(self, values: dict[str, float]) -> dict[str, str]:
+        return metric_notes(values, len(self.metric.semantic_classes))
 
     def parameter_groups(self) -> list[dict[str, Any]]:
         """Decay / no-decay groups as ``DriveModule``, split again into the rest and the backbone (lr x mult)."""

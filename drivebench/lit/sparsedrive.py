@@ -27,7 +27,7 @@ from drivebench.lit.param_groups import backbone_and_name_decay_groups
 from drivebench.models.common.map_metrics import CHAMFER_THRESHOLDS, ChamferMapAP
 from drivebench.models.sparsedrive.decode import decode_detections, decode_map, decode_motion, decode_planning
 from drivebench.models.sparsedrive.detection_metric import DetectionMetric
-from drivebench.models.sparsedrive.metrics import MotionMetric, PlanningMetric
+from drivebench.models.sparsedrive.metrics import MotionMetric, PlanningMetric, metric_notes
 from drivebench.models.sparsedrive.model import DETECTION_CLASSES, MAP_CLASSES, SparseDriveOutput
 from drivebench.models.sparsedrive.tracking_metric import TrackingMetric
 
@@ -91,6 +91,9 @@ class SparseDriveModule(DriveModule):
 
     def batch_size(self, batch: dict[str, Any]) -> int:
         return int(batch["img"].shape[0])
+
+    def metric_notes(self, values: dict[str, float]) -> dict[str, str]:
+        return metric_notes(values)
 
     def compute_metrics(self) -> dict[str, float]:
         out = {f"det/{k}": v for k, v in self.det_metric.compute().items()}

@@ -163,6 +163,10 @@ def render_table(summary: dict[str, Any]) -> str:
     gpus = machine.get("gpus") or []
     rows.append(("machine", f"{gpus[0]['name'] + ' x' + str(len(gpus)) if gpus else 'CPU only'}, "
                             f"{machine.get('cpu_cores')} cores"))
+    resume = run.get("resume") or {}
+    if resume:
+        rows.append(("resumed from", f"{resume['from']} (step {resume['step']}; {resume['how']})" if resume.get("from")
+                     else f"- ({resume.get('how')})"))
     threads = (summary.get("settings") or {}).get("threads") or {}
     if threads.get("note"):
         rows.append(("threads", f"{threads['note']} ({threads.get('cores_source')})"))
@@ -205,7 +209,8 @@ def render_table(summary: dict[str, Any]) -> str:
     for key, value in (summary.get("val") or {}).items():
         if _DETAIL_METRIC.search(key):  # per-threshold / per-class / per-layer figures: in summary.json
             continue
-        rows.append((f"val {key}", _fmt(value)))
+        note = (summary.get("val_notes") or {}).get(key)
+        rows.append((f"val {key}", _fmt(value) + (f" ({note})" if note else "")))
     mem = summary.get("memory") or {}
     if mem.get("peak_device_gb") is not None:
         rows.append(("peak device memory", _fmt(mem["peak_device_gb"], " GiB")))

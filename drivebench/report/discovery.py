@@ -74,3 +74,22 @@ def find_run_dirs(roots: list[Path]) -> list[RunDir]:
         raise NoRunsFound(f"no drivebench runs under {shown}: a run folder holds summary.json or "
                           ".hydra/config.yaml (give a run's output dir, a multirun sweep dir, or a folder of them)")
     return sorted(found.values(), key=lambda r: str(r.path))
+
+
+def runs_from_env(default: Path, environ: "os._Environ[str] | dict[str, str] | None" = None) -> list[Path]:
+    """The folders the notebooks read: ``DRIVEBENCH_RUNS`` (one, or several separated by ``os.pathsep``),
+    else ``default``.
+
+    A relative folder resolves against the directory the user started Jupyter from (its ``$PWD``),
+    not the kernel's working directory: Jupyter runs a notebook's kernel in the notebook's folder, so
+    ``DRIVEBENCH_RUNS=outputs/multirun/... jupyter lab notebooks/`` would otherwise look in
+    ``notebooks/outputs/``."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get("DRIVEBENCH_RUNS", "")
+    if not raw.strip():
+        return [default]
+    started_in = Path(environ.get("PWD") or os.getcwd())
+    if not started_in.is_dir():
+        started_in = Path.cwd()
+    folders = [Path(p).expanduser() for p in raw.split(os.pathsep) if p.strip()]
+    return [p if p.is_absolute() else started_in / p for p in folders]

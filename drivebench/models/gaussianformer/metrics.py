@@ -70,5 +70,22 @@ class OccupancyMetric(Metric):
         geo_seen, geo_positive = conf[occupied].sum(), conf[:, occupied].sum()
         geo_union = geo_seen + geo_positive - geo_correct
         result["miou"] = 100.0 * sum(ious) / max(len(ious), 1)
+        # what a reader needs beside upstream's mIoU: how many classes the ground truth has (the
+        # others score 100), and the mean over those alone (see metric_notes)
+        present = [iou for c, iou in zip(self.semantic_classes, ious) if seen[c] > 0]
+        result["classes_present"] = float(len(present))
+        result["miou_present"] = 100.0 * sum(present) / len(present) if present else 0.0
         result["iou"] = 100.0 * float(geo_correct / geo_union) if geo_union > 0 else 0.0
         return result
+
+
+def metric_notes(values: dict[str, float], semantic_classes: int = 16) -> dict[str, str]:
+    """Notes for the summary table beside ``miou``, when classes are absent from the ground truth
+    (the embedded set has a few): upstream's MeanIoU scores each absent class 100, so the mIoU then
+    says more about the data than the model."""
+    present = values.get("classes_present")
+    if present is None or present >= semantic_classes:
+        return {}
+    absent = semantic_classes - int(present)
+    return {"miou": f"{int(present)} of {semantic_classes} classes in the ground truth: the {absent} absent score 100 "
+                    f"as in upstream's MeanIoU; over the {int(present)} present: {values.get('miou_present', 0.0):.3g}"}
