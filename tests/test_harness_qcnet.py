@@ -136,8 +136,10 @@ def baseline(drivebench_cache: Path, tmp_path_factory: pytest.TempPathFactory) -
         ["accel.num_workers=2", "accel.persistent_workers=true", "accel.prefetch_factor=3"],
         ["accel.preprocess_workers=2"],
         ["accel.shm_cache=true"],
-        ["accel=cpu"],
-        ["accel=max", "accel.precision=32-true"],  # every loader/scheduling knob of max, fp32
+        # the thread count changes how reductions split their sums (settings.numerics_changed_by lists it):
+        # these presets keep the baseline's one thread so that their other knobs are compared alone
+        ["accel=cpu", "accel.threads=1"],
+        ["accel=max", "accel.precision=32-true", "accel.threads=1"],  # every loader/scheduling knob of max, fp32
     ],
     ids=["workers", "workers+persistent+prefetch", "process-pool", "shm-cache", "cpu-preset", "max-loaders"],
 )

@@ -41,7 +41,7 @@ def fake_cores(monkeypatch, tmp_path):
         monkeypatch.setattr(os, "cpu_count", lambda: 64)
 
     yield set_cores
-    T.ThreadBudget.plan("default", 1, "", 1, 0, 0).apply()  # later tests in this process: PyTorch's defaults
+    T.restore_original()  # later tests in this process: the counts they had before
 
 
 # ---- the usable cores ---------------------------------------------------------------------------------
@@ -196,15 +196,26 @@ def test_eight_cores_and_four_workers_train_on_four_threads_workers_on_one(fake_
     assert {n for s in seen for n in s["worker_intra"]} == {1} and {n for s in seen for n in s["worker_inter"]} == {1}
 
 
-def test_default_keeps_pytorchs_counts(fake_cores):
+def test_default_sets_nothing_and_changes_no_numerics(fake_cores):
     fake_cores(8)
-    before = torch.get_num_threads()
-    T.ThreadBudget.plan("auto", 8, "affinity", 1, loader_workers=0, pool_workers=0).apply()
-    assert torch.get_num_threads() == 8
+    T.restore_original()
+    torch.set_num_threads(3)  # whatever this process runs with stays
     budget, seen = fit_within_budget(8, "accel.threads=default")
-    assert budget.training_threads is None and budget.applied["torch_intra_op"] == before
-    assert {s["trainer_intra"] for s in seen} == {before}
-    assert "PyTorch's default" in budget.note()
+    assert budget.training_threads is None and budget.applied["torch_intra_op"] == 3
+    assert {s["trainer_intra"] for s in seen} == {3}
+    assert "PyTorch's default" in budget.note() and budget.numerics_changes() == []
+    assert T.pool_kwargs() == {}
+
+
+def test_a_thread_count_other_than_the_default_is_listed_as_a_numerics_change(fake_cores):
+    fake_cores(8)
+    T.restore_original()
+    default = torch.get_num_threads()
+    same = T.ThreadBudget.plan(default, 8, "affinity", 1, loader_workers=0, pool_workers=0).apply()
+    assert same.numerics_changes() == []
+    other = T.ThreadBudget.plan(default + 1, 8, "affinity", 1, loader_workers=0, pool_workers=0).apply()
+    assert other.numerics_changes() == [f"threads ({default + 1} intra-op threads instead of PyTorch's {default} "
+                                        "here: parallel reductions sum in another order)"]
 
 
 def test_process_pools_start_within_the_budget(fake_cores):
@@ -217,7 +228,7 @@ def test_process_pools_start_within_the_budget(fake_cores):
         counts = list(pool.map(_pool_threads, range(4)))
     assert {c["torch_intra_op"] for c in counts} == {1} and {c["blas"] for c in counts} == {1}
     T.ThreadBudget.plan("default", 8, "affinity", 1, loader_workers=0, pool_workers=2).apply()
-    assert T.pool_kwargs() == {}
+    assert T.pool_kwargs() == {}  # without a budget pools start as Python starts them
 
 
 def _pool_threads(_: int) -> dict:

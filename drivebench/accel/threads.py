@@ -169,22 +169,30 @@ class ThreadBudget:
     def apply(self) -> "ThreadBudget":
         """Set this process's threads and the count its process pools start with; record what is in effect.
 
-        ``default`` sets nothing (a process that applied a budget before gets its first counts back)."""
+        ``default`` sets nothing: the counts stay what PyTorch and the BLAS libraries chose (or what
+        this process set before), and process pools start without a limit."""
         import torch
 
         global _pool_threads
-        if not _original:
+        if not _original:  # this process's counts before any budget: PyTorch's defaults in a fresh run
             _original.update(torch_intra_op=torch.get_num_threads())
         if self.active:
             self.applied = {**limit_threads(self.training_threads)}
             _pool_threads = self.pool_threads
         else:
-            _restore_limits()
-            if torch.get_num_threads() != _original["torch_intra_op"]:
-                torch.set_num_threads(_original["torch_intra_op"])
             _pool_threads = None
             self.applied = in_effect()
         return self
+
+    def numerics_changes(self) -> list[str]:
+        """``settings.numerics_changed_by``: a training thread count other than PyTorch's default here
+        changes how parallel reductions split their sums (the same values, rounded in another order)."""
+        default = _original.get("torch_intra_op")
+        ran = self.applied.get("torch_intra_op")
+        if not self.active or default is None or ran is None or ran == default:
+            return []
+        return [f"threads ({ran} intra-op threads instead of PyTorch's {default} here: parallel reductions "
+                "sum in another order)"]
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -193,6 +201,18 @@ class ThreadBudget:
         out["fits"] = None if total is None else total <= self.cores
         out["note"] = self.note()
         return out
+
+
+def restore_original() -> None:
+    """Give this process the thread counts it had before its first budget, and pools no limit (for
+    code that runs several runs in one process, such as tests)."""
+    global _pool_threads
+    _restore_limits()
+    if _original:
+        import torch
+
+        torch.set_num_threads(_original["torch_intra_op"])
+    _pool_threads = None
 
 
 def _count(n: int | None, what: str) -> str:

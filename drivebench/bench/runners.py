@@ -359,7 +359,8 @@ class TrainBench:
             "machine": {**run.machine.to_dict(), "run_dir_filesystem": filesystem_of(run.output_dir)},
             "settings": {
                 "accel": run.accel.to_dict(),
-                "numerics_changed_by": run.accel.numerics_changes(),
+                "numerics_changed_by": run.accel.numerics_changes() + (
+                    run.threads.numerics_changes() if run.threads is not None else []),
                 "cuda_graphs": {"status": run.cuda_graphs},
                 "activation_checkpointing": run.activation_checkpointing,
                 "threads": run.threads.to_dict() if run.threads is not None else None,
