@@ -55,6 +55,9 @@ def run_once(variant: str, busy: bool, out: Path, short: bool, extra: list[str])
     return {"variant": variant, "busy": busy, "wall_s": wall, "step_median": train["step_s"]["median"],
             "step_p10": train["step_s"]["p10"], "step_p90": train["step_s"]["p90"],
             "run_queue": (system.get("run_queue") or {}).get("median"),
+            # CPU the training process got per step: with the cores shared fairly and nothing spinning,
+            # the same busy or idle; the wall time then grows only by the share the other process takes
+            "cpu_per_step": ((system.get("cpu_main_pct") or {}).get("median") or 0.0) / 100 * train["step_s"]["median"],
             "threads": (summary["settings"].get("threads") or {}).get("note"),
             "verdict": summary["bottleneck"]["verdict"]}
 
@@ -88,11 +91,13 @@ def main() -> None:
                 rows.append(row)
                 print(f"round {rnd} threads={variant:<7} {'busy' if row['busy'] else 'idle'}: wall {row['wall_s']:.1f} s, "
                       f"step {row['step_median']:.3g} s [{row['step_p10']:.3g}, {row['step_p90']:.3g}], "
-                      f"run queue {row['run_queue']}, verdict {row['verdict']}; {row['threads']}", flush=True)
+                      f"training process CPU {row['cpu_per_step']:.3g} s per step, run queue {row['run_queue']}, "
+                      f"verdict {row['verdict']}; {row['threads']}", flush=True)
     for variant in variants:
         mine = [r for r in rows if r["variant"] == variant]
         print(f"threads={variant}: {ratio_line(mine, 'wall_s')}")
         print(f"threads={variant}: {ratio_line(mine, 'step_median')}")
+        print(f"threads={variant}: {ratio_line(mine, 'cpu_per_step')}")
 
 
 if __name__ == "__main__":
