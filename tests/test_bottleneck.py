@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from drivebench.accel.threads import ThreadBudget
 from drivebench.ckpt.callback import Checkpointing
+from drivebench.ckpt.checkpoint_io import StorageCheckpointIO
 from drivebench.lit.base import DriveModule
 from drivebench.perf import bottleneck as B
 from drivebench.perf.callback import StepTimer
@@ -106,7 +107,7 @@ fsspec.register_implementation("slowmem", SlowMemory, clobber=True)
 
 
 def toy_run(tmp_path, net: torch.nn.Module, dataset: Dataset | None = None, steps: int = 8, warmup: int = 2,
-            profile: int = 0, callbacks: tuple = (), batch_size: int = 4) -> dict:
+            profile: int = 0, callbacks: tuple = (), batch_size: int = 4, plugins: tuple = ()) -> dict:
     """A real Lightning run on the CPU, summarised as the benchmark does (train phase, system
     samples, profile, checkpoints), with the machine and settings blocks the rules read."""
     torch.set_num_threads(1)
@@ -119,7 +120,7 @@ def toy_run(tmp_path, net: torch.nn.Module, dataset: Dataset | None = None, step
     trainer = pl.Trainer(accelerator="cpu", max_steps=warmup + steps + (profiler.occupied_steps if profiler else 0),
                          logger=False, callbacks=[*callbacks, *([profiler] if profiler else []), timer],
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         profiler=LoaderWaitProfiler(), default_root_dir=str(tmp_path))
+                         profiler=LoaderWaitProfiler(), default_root_dir=str(tmp_path), plugins=list(plugins))
     trainer.fit(module, train_dataloaders=loader)
     monitor.stop()
     summary = {
@@ -165,9 +166,9 @@ def test_slow_loader_is_data_loading(tmp_path):
 
 
 def test_slow_checkpoint_store_is_checkpoint_writes(tmp_path):
-    ckpt = Checkpointing(dir=f"slowmem://bucket-{uuid.uuid4().hex[:8]}/run", every_n_steps=2, save_last=False,
-                         keep_last_k=0)
-    summary = toy_run(tmp_path, Linear(), callbacks=(ckpt,))
+    io = StorageCheckpointIO(f"slowmem://bucket-{uuid.uuid4().hex[:8]}/run", keep_last_k=0)
+    ckpt = Checkpointing(every_n_steps=2, save_last=False)
+    summary = toy_run(tmp_path, Linear(), callbacks=(ckpt,), plugins=(io,))
     evidence, nxt = assert_decides(summary, B.CHECKPOINT_WRITES)
     assert "checkpoint saves blocked training" in evidence
     assert nxt.startswith("ckpt=async")
