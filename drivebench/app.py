@@ -34,6 +34,7 @@ from drivebench.errors import ConfigError
 from drivebench.lit.base import DriveModule
 from drivebench.models.registry import get_spec
 from drivebench.perf.machine import MachineInfo, detect_machine
+from drivebench.schemas import check as check_schemas
 from drivebench.secrets import redact, redact_text, scrub_hydra_dir, secret_values
 
 log = logging.getLogger("drivebench")
@@ -100,9 +101,10 @@ def _check_positive(cfg: DictConfig, key: str) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Checks that need no machine: names, sizes, counts. A deprecated size name is replaced by its
-    current one (``model.size=tiny`` -> ``test`` for QCNet), so everything after sees one name. A
-    ConfigError raised by a resolver (``${pick:...}``) reaches the user as itself."""
+    """Checks that need no machine: names, sizes, counts (key names and types: the schemas, as Hydra
+    composes). A deprecated size name is replaced by its current one (``model.size=tiny`` -> ``test``
+    for QCNet), so everything after sees one name. A ConfigError raised by a resolver (``${pick:...}``)
+    reaches the user as itself."""
     try:
         _validate(cfg)
     except InterpolationResolutionError as err:
@@ -119,8 +121,10 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(str(err)) from err
     _check_positive(cfg, "model.batch_size")
     _check_positive(cfg, "model.val_batch_size")
-    if not isinstance(cfg.seed, int):
-        raise ConfigError(f"seed={cfg.seed!r} is not valid; use a whole number")
+    check_schemas(cfg)  # what Hydra's composition lets through: keys added with +, auto-or-number knobs
+    if OmegaConf.select(cfg, "callbacks.step_timer") is None:
+        raise ConfigError("callbacks.step_timer=null is not valid: the step timer is the benchmark's clock "
+                          "(every figure of summary.json comes from it); remove other callbacks, not this one")
     if OmegaConf.is_missing(cfg.ckpt, "dir"):
         raise ConfigError(f"ckpt={cfg.ckpt.name} needs a destination: ckpt.dir=<directory or fsspec URL, "
                           "e.g. s3://bucket/run>")

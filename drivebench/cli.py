@@ -1,4 +1,10 @@
-"""Command-line shims applied before Hydra parses ``sys.argv``.
+"""The command line of the three commands, before Hydra parses it.
+
+All three take ``key=value`` overrides in Hydra's grammar: ``drivebench`` (training) the run's config
+keys; ``drivebench report`` and ``drivebench doctor`` their own options as ``report.<key>=...`` /
+``doctor.<key>=...`` (typed by ``drivebench.schemas.ReportOptions`` / ``DoctorOptions`` and composed by
+Hydra, so an unknown key or a wrong type is refused the same way), the doctor the run's keys as well.
+Their older ``--flag`` spellings are turned into those overrides here (:func:`flags_to_overrides`).
 
 Launchers differ in how they tell a process its local rank: ``torch.distributed.launch`` passes
 ``--local_rank=N`` (torch < 2) or ``--local-rank=N`` (torch >= 2), torchrun sets ``LOCAL_RANK``.
@@ -10,6 +16,8 @@ from __future__ import annotations
 
 import os
 import re
+
+from drivebench.errors import ConfigError
 
 _FLAG = re.compile(r"^--local[-_]rank(?:=(\d+))?$")
 
@@ -46,4 +54,44 @@ def quote_storage_dirs(argv: list[str]) -> list[str]:
         if sep and key.lstrip("+") in ("ckpt.dir", "bench.dirs") and "," in value and value[:1] not in "'\"[":
             arg = f"{key}='{value}'"
         out.append(arg)
+    return out
+
+
+# ---- the other commands' own options: `<command>.<key>=<value>`, as Hydra overrides --------------------
+def hydra_quote(value: str) -> str:
+    """``value`` as one quoted string in Hydra's override grammar (any character, ``<``, ``,`` and ``=`` too)."""
+    escaped = re.sub(r"(\\+)('|$)", lambda m: m.group(1) * 2 + m.group(2), value).replace("'", "\\'")
+    return f"'{escaped}'"
+
+
+def own_option(word: str, command: str) -> bool:
+    """Is ``word`` an override of ``command``'s own options (``report.out=...``, ``+doctor.json=...``)?"""
+    key, sep, _ = word.partition("=")
+    return bool(sep) and key.lstrip("+~").startswith(f"{command}.")
+
+
+def flags_to_overrides(argv: list[str], command: str, valued: tuple[str, ...] = (),
+                       switches: tuple[str, ...] = ()) -> list[str]:
+    """The older ``--flag`` spellings as the command's overrides: ``--out X`` / ``--out=X`` ->
+    ``report.out='X'``, ``--skip-slow`` -> ``doctor.skip_slow=true``; any other ``--flag`` is refused."""
+    out: list[str] = []
+    words = iter(argv)
+    for word in words:
+        if not word.startswith("--"):
+            out.append(word)
+            continue
+        flag, sep, value = word.partition("=")
+        key = f"{command}.{flag[2:].replace('-', '_')}"
+        if flag in switches and not sep:
+            out.append(f"{key}=true")
+        elif flag in valued:
+            if not sep:
+                value = next(words, None)
+                if value is None:
+                    raise ConfigError(f"{flag} needs a value, e.g. {key}=<value>")
+            out.append(f"{key}={hydra_quote(value)}")
+        else:
+            known = ", ".join([*valued, *switches])
+            raise ConfigError(f"{flag} is not an option of drivebench {command}; valid options: {known} "
+                              f"(or {command}.<key>=<value>)")
     return out

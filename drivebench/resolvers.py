@@ -1,4 +1,4 @@
-"""OmegaConf resolvers used by conf/ (registered on import of ``drivebench``).
+"""OmegaConf resolvers used by drivebench/conf (registered on import of ``drivebench``).
 
 ``${on_gpu:A,B}`` is A on a machine with a CUDA GPU and B otherwise. The model configs use it for
 their default size: the paper size on GPUs, the CPU test size (``test``, for every model) on

@@ -11,7 +11,7 @@ from drivebench.accel.settings import AccelSettings
 from drivebench.errors import ConfigError
 from drivebench.perf.machine import GPUInfo, MachineInfo
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
 PRESETS = sorted(p.stem for p in (CONF / "accel").glob("*.yaml"))
 
 
@@ -77,12 +77,20 @@ def test_single_knob_override_wins():
         ("accel.precision=fp8", "accel.precision='fp8'"),
         ("accel.compile_mode=fast", "accel.compile_mode='fast'"),
         ("accel.prefetch_factor=0", "accel.prefetch_factor=0"),
-        ("+accel.num_wrokers=2", "accel.num_wrokers is not an accel knob"),
     ],
 )
 def test_bad_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         AccelSettings.resolve(preset("max", override), machine(1, 16))
+
+
+@pytest.mark.parametrize("override", ["+accel.num_wrokers=2", "accel.num_wrokers=2"])
+def test_an_unknown_knob_is_refused_while_composing(override):
+    # the schema (drivebench.schemas.AccelConfig) refuses it, appended with + or not, before resolve runs
+    from drivebench.compose import compose
+
+    with pytest.raises(ConfigError, match=r"accel.num_wrokers=2 is not a key of accel; valid keys: .*num_workers"):
+        compose(["accel=max", override])
 
 
 def test_half_precision_on_cpu_is_refused():
@@ -96,7 +104,7 @@ def test_every_knob_is_documented_in_the_base_preset():
     for line in text.splitlines():
         key = line.split(":")[0]
         if key in knobs and key != "name":
-            assert "#" in line, f"accel knob {key} has no comment in conf/accel/none.yaml"
+            assert "#" in line, f"accel knob {key} has no comment in drivebench/conf/accel/none.yaml"
 
 
 def _gpu_machine(memory_gb: float) -> MachineInfo:

@@ -23,7 +23,7 @@ from drivebench.hardware import nvml
 from drivebench.hardware.p2p import P2PVerdict, current_machine_key, write_verdict
 from drivebench.perf.machine import GPUInfo, MachineInfo
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
 
 
 def compose_cfg(*overrides: str, hydra: bool = False):

@@ -1,4 +1,4 @@
-"""The named sweeps (experiments/experiment/*.yaml) compose, job by job, from any working directory.
+"""The named sweeps (drivebench/conf/experiment/*.yaml) compose, job by job, from any working directory.
 
 No training: each job of a sweep is composed with Hydra's compose API (the sweeper's parameters
 expanded as Hydra's own override parser expands them), or with ``--cfg job`` in a subprocess.
@@ -14,13 +14,11 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.plugins import Plugins
-from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[1]
-CONF = REPO / "conf"
-EXPERIMENTS = sorted(p.stem for p in (REPO / "experiments" / "experiment").glob("*.yaml"))
+CONF = REPO / "drivebench" / "conf"
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
 
 def _compose(overrides: list[str], hydra: bool = False):
@@ -41,9 +39,15 @@ def sweep_jobs(experiment: str, extra: list[str] | None = None) -> list[list[str
     return jobs
 
 
-def test_the_plugin_is_discovered():
-    names = [p.__name__ for p in Plugins.instance().discover(SearchPathPlugin)]
-    assert "DrivebenchSearchPathPlugin" in names
+def test_the_experiments_are_packaged_config_groups():
+    # no search-path plugin: experiment/ and accel_step/ are groups of the packaged config itself
+    from drivebench.compose import compose
+
+    assert (CONF / "experiment" / "smoke.yaml").is_file() and (CONF / "accel_step" / "none.yaml").is_file()
+    cfg = compose(["+experiment=accel_ablation", "accel_step=pool"], return_hydra_config=True)
+    assert cfg.accel.name == "pool" and cfg.hydra.runtime.choices["accel_step"] == "pool"
+    main = next(s for s in cfg.hydra.runtime.config_sources if s.provider == "main")
+    assert (main.schema, main.path) == ("pkg", "drivebench.conf")  # the package, not a folder of the checkout
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)

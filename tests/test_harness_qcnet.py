@@ -113,7 +113,7 @@ def _train(cache: Path, tmp: Path, overrides: list[str], steps: int = 6) -> list
     import os
 
     os.environ["DRIVEBENCH_CACHE"] = str(cache)
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "drivebench" / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*TEST_SIZE, "ckpt=none", f"paths.output_dir={tmp}", *overrides])
     run = build_run(cfg, tmp, progress=False)
     recorder = _Recorder()

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 
 from drivebench.app import build_run
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
+CONF = str(Path(__file__).resolve().parents[1] / "drivebench" / "conf")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU case")

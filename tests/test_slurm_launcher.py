@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def job_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "drivebench" / "conf"), version_base="1.3"):
         return compose("config", overrides=["hydra/launcher=drivebench_slurm", *overrides])
 
 

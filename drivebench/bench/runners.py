@@ -48,12 +48,13 @@ from drivebench.perf.targets import parse_target
 log = logging.getLogger("drivebench")
 
 
-def _resolve_count(value: Any, gpu_default: int, cpu_default: int, key: str, on_gpu: bool) -> int:
-    """``auto`` -> the machine's default; otherwise a whole number >= 0 (ConfigError if not)."""
+STEP_TIMER = "step_timer"  # the callbacks group's entry the bench hands each phase's clock to
+
+
+def _resolve_count(value: Any, gpu_default: int, cpu_default: int, on_gpu: bool) -> int:
+    """``auto`` -> the machine's default (the value itself was checked by its schema, TrainBenchConfig)."""
     if value == "auto":
         return gpu_default if on_gpu else cpu_default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{key}={value!r} is not valid; use a whole number >= 0 or 'auto'")
     return value
 
 
@@ -91,10 +92,23 @@ def _resolve_profile(value: Any) -> int:
     return value
 
 
+def step_timer(run: Run, phase: str, warmup_steps: int, monitor: SystemMonitor, **kwargs: Any) -> StepTimer:
+    """``callbacks.step_timer`` (a partial StepTimer) for one phase: ``perf`` (training) or ``ceiling``."""
+    return build(run.cfg.callbacks[STEP_TIMER])(phase=phase, warmup_steps=warmup_steps, monitor=monitor, **kwargs)
+
+
+def configured_callbacks(run: Run) -> list[pl.Callback]:
+    """Every other entry of the callbacks group, in order (an entry set to null is left out)."""
+    return [build(node) for name, node in run.cfg.callbacks.items() if name != STEP_TIMER and node is not None]
+
+
 class TrainBench:
-    """Args (conf/bench/train.yaml documents each): mode, warmup_steps, steps, max_minutes,
-    val_batches, ceiling, ceiling_warmup_steps, ceiling_steps, sync_each_step, log_every_n_steps, profile,
-    targets."""
+    """Args (drivebench/conf/bench/train.yaml documents each): mode, warmup_steps, steps, max_minutes,
+    val_batches, ceiling, ceiling_warmup_steps, ceiling_steps, loader_batches, sync_each_step, profile,
+    targets.
+
+    The Lightning Trainer of each phase comes from the trainer group (a partial
+    ``lightning.pytorch.Trainer``) and its callbacks from the callbacks group."""
 
     runs_training = True
     runs_ceiling = True
@@ -103,8 +117,7 @@ class TrainBench:
     def __init__(self, mode: str = "train", warmup_steps: int = 10, steps: Any = "auto",
                  max_minutes: float | None = None, val_batches: Any = 20, ceiling: bool = True,
                  ceiling_warmup_steps: int = 5, ceiling_steps: Any = "auto", loader_batches: Any = "auto",
-                 sync_each_step: bool = False, log_every_n_steps: int = 1, profile: Any = None,
-                 targets: Any = None) -> None:
+                 sync_each_step: bool = False, profile: Any = None, targets: Any = None) -> None:
         self.mode = mode
         self.warmup_steps = warmup_steps
         self.steps = steps
@@ -114,7 +127,6 @@ class TrainBench:
         self.ceiling_steps = ceiling_steps
         self.loader_batches = loader_batches
         self.sync_each_step = sync_each_step
-        self.log_every_n_steps = log_every_n_steps
         self.profile = profile
         self.targets = _resolve_targets(targets)  # here, so that a bad one stops the run before it is built
         self.val_batches = _resolve_val_batches(val_batches)
@@ -122,10 +134,10 @@ class TrainBench:
     # ---- entry -------------------------------------------------------------------------------
     def run(self, run: Run) -> dict[str, Any]:
         on_gpu = run.machine.accelerator == "cuda"
-        self.steps = _resolve_count(self.steps, 300, 30, "bench.steps", on_gpu)
-        self.ceiling_steps = _resolve_count(self.ceiling_steps, 50, 10, "bench.ceiling_steps", on_gpu)
-        self.loader_batches = _resolve_count(self.loader_batches, 200, 30, "bench.loader_batches", on_gpu)
-        self.warmup_steps = _resolve_count(self.warmup_steps, 0, 0, "bench.warmup_steps", on_gpu)
+        self.steps = _resolve_count(self.steps, 300, 30, on_gpu)
+        self.ceiling_steps = _resolve_count(self.ceiling_steps, 50, 10, on_gpu)
+        self.loader_batches = _resolve_count(self.loader_batches, 200, 30, on_gpu)
+        self.warmup_steps = _resolve_count(self.warmup_steps, 0, 0, on_gpu)
         self.profile = _resolve_profile(self.profile)
         summary = self._base_summary(run)
         monitor = SystemMonitor(torch.cuda.current_device() if on_gpu else None)
@@ -190,11 +202,12 @@ class TrainBench:
         """Train; fill ``summary``; return the trainer's global step at the end."""
         cfg = run.cfg
         profiler = ProfileSteps(self.profile, self.warmup_steps, run.output_dir) if self.profile else None
-        timer = StepTimer("train", self.warmup_steps, self.sync_each_step, self.log_every_n_steps, monitor,
-                          profiled_steps=profiler.occupied_steps if profiler else 0)
+        timer = step_timer(run, "train", self.warmup_steps, monitor,
+                           profiled_steps=profiler.occupied_steps if profiler else 0)
         freeze = FreezeHeap() if run.accel.gc_freeze else None
         # the profiler before the timer: its trace export then falls into a profiled (excluded) step
-        callbacks: list[pl.Callback] = ([freeze] if freeze else []) + ([profiler] if profiler else []) + [timer]
+        callbacks: list[pl.Callback] = (([freeze] if freeze else []) + ([profiler] if profiler else []) + [timer]
+                                        + configured_callbacks(run))
         checkpoint_io = build(cfg.ckpt.io, _convert_="all")  # the Trainer's CheckpointIO plugin
         ckpt = build(cfg.ckpt.callback, _convert_="all") if cfg.ckpt.get("callback") else None
         callbacks.append(RngState())  # RNG states in every checkpoint, restored on resume, also for ckpt=none
@@ -207,15 +220,11 @@ class TrainBench:
         if max_steps is None:  # bench.steps measured steps after warm-up and the profiled steps
             max_steps = self.warmup_steps + self.steps + (profiler.occupied_steps if profiler else 0)
         validate_during_fit = cfg.trainer.check_val_every_n_epoch is not None or cfg.trainer.val_check_interval
-        trainer = pl.Trainer(
+        make_trainer = build(cfg.trainer)  # functools.partial(lightning.pytorch.Trainer, **trainer group)
+        trainer = make_trainer(
             **run.trainer_kwargs(), logger=phase_logger(logger, FIT), callbacks=callbacks, max_steps=max_steps,
-            max_epochs=cfg.trainer.max_epochs,
             max_time=dt.timedelta(minutes=self.max_minutes) if self.max_minutes else None,
             limit_val_batches=self.val_batches if validate_during_fit else 0,
-            check_val_every_n_epoch=cfg.trainer.check_val_every_n_epoch,
-            val_check_interval=cfg.trainer.val_check_interval,
-            log_every_n_steps=cfg.trainer.log_every_n_steps, gradient_clip_val=cfg.trainer.gradient_clip_val,
-            accumulate_grad_batches=cfg.trainer.accumulate_grad_batches, deterministic=cfg.trainer.deterministic,
             enable_checkpointing=False, profiler=LoaderWaitProfiler(), plugins=[checkpoint_io],
         )
         if torch.cuda.is_available() and run.machine.accelerator == "cuda":
@@ -290,7 +299,7 @@ class TrainBench:
         loader = run.datamodule.train_dataloader(device_prefetch=False)  # a host batch, made resident below
         steps = self.ceiling_warmup_steps + self.ceiling_steps
         ceiling = CeilingDataModule(next(iter(loader)), steps, run.datamodule.device_transform)
-        timer = StepTimer("ceiling", self.ceiling_warmup_steps, self.sync_each_step, self.log_every_n_steps, monitor)
+        timer = step_timer(run, "ceiling", self.ceiling_warmup_steps, monitor)
         callbacks: list[pl.Callback] = ([FreezeHeap()] if run.accel.gc_freeze else []) + [timer]
         trainer = pl.Trainer(
             **run.trainer_kwargs(), logger=phase_logger(logger, CEILING), callbacks=callbacks, max_steps=steps,

@@ -1,7 +1,7 @@
 """The run the doctor checks for: the composed config, this machine, the resolved accel preset,
 and the places (checkpoint dir, dataset root, caches) that run would use.
 
-The config is composed with Hydra's compose API from the repository's ``conf/`` with the same
+The config is composed with Hydra's compose API from the packaged ``drivebench/conf`` with the same
 overrides a training run takes, so ``python -m drivebench.doctor ckpt.dir=/mnt/x`` checks /mnt/x.
 """
 
@@ -22,23 +22,16 @@ from drivebench.doctor.probe import MadeDirs, error_text
 from drivebench.errors import ConfigError
 from drivebench.perf.machine import MachineInfo, detect_machine
 
-CONF_DIR = Path(drivebench.__file__).resolve().parents[1] / "conf"
 FALLBACK_CHECKPOINT_BYTES = 256 * 2**20
 CHECKPOINT_FACTOR = 3  # weights + two Adam moments: a checkpoint is about 3x the parameter bytes
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
-    """Compose ``conf/config.yaml`` with ``overrides``; any Hydra error becomes one ConfigError line."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+    """The packaged ``drivebench/conf/config.yaml`` with ``overrides``, as a run composes it; any Hydra
+    error becomes one ConfigError line (the same line a training run prints)."""
+    from drivebench.compose import compose
 
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose(config_name="config", overrides=list(overrides))
-    except (HydraException, OmegaConfBaseException) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"the overrides do not compose ({first})") from err
+    return compose(list(overrides))
 
 
 @dataclass

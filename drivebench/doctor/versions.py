@@ -12,7 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from drivebench.doctor.context import CONF_DIR, DoctorContext
+import drivebench
+from drivebench.doctor.context import DoctorContext
 from drivebench.doctor.probe import error_text, installed_version, try_import, version_tuple
 from drivebench.doctor.result import Check, CheckResult, failed, informed, passed, warned
 from drivebench.hardware import nvml
@@ -246,7 +247,7 @@ def _declared_requirements() -> list[str] | None:
             return list(found)
     except PackageNotFoundError:
         pass
-    pyproject = Path(CONF_DIR).parent / "pyproject.toml"
+    pyproject = Path(drivebench.__file__).resolve().parents[1] / "pyproject.toml"  # a source checkout
     if not pyproject.is_file():
         return None
     try:

@@ -247,7 +247,7 @@ class MMEngineBench(TrainBench):
 
         cfg = self.runner_config(run)
         self.mapping["float32_only_wrapped"] = patch_float32_only()  # as under drivebench (register_mmdet3d)
-        hook = make_timing_hook(self.warmup_steps, monitor, phase_logger(logger, FIT), self.log_every_n_steps)
+        hook = make_timing_hook(self.warmup_steps, monitor, phase_logger(logger, FIT), run.cfg.trainer.log_every_n_steps)
         runner = Runner.from_cfg(cfg)
         runner.register_hook(hook)
         if run.machine.accelerator == "cuda":

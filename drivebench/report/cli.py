@@ -1,62 +1,68 @@
-"""``python -m drivebench.report DIR [DIR...] [--out OUTDIR] [--target METRIC<=VALUE ...]``.
+"""``drivebench report DIR [DIR...] [report.out=OUTDIR] [report.target=METRIC<=VALUE ...]``
+(also ``python -m drivebench.report``).
 
-Hydra-style words work too (``report.target='val/minFDE<=2.0'``, ``report.out=...``), as the rest of
-drivebench is driven by ``key=value`` overrides. Exit codes: 0 report written; 2 bad input (no
-such folder, no runs, a malformed target, or no completed run to compare: crashed runs are still
+The report's options are overrides in Hydra's grammar, as everywhere in drivebench (drivebench/cli.py):
+``report.out=``, ``report.target=`` (one target or a list ``[a,b]``; every ``report.target`` word adds to
+the targets), ``report.dirs=[a,b]``; they are typed by ``drivebench.schemas.ReportOptions`` and composed by
+Hydra, so ``report.outt=x`` is refused with the valid keys. The older ``--out X`` and ``--target X`` mean
+the same. Every other word is a folder of runs. Exit codes: 0 report written; 2 bad input (no such
+folder, no runs, a malformed target or option, or no completed run to compare: crashed runs are still
 listed in report.md).
 """
 
 from __future__ import annotations
 
-import argparse
-import re
 import sys
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
-_HYDRA_STYLE = re.compile(r"^\+{0,2}report\.(?P<key>target|targets|out|dir|dirs)=(?P<value>.*)$")
+from drivebench.cli import flags_to_overrides, hydra_quote, own_option
+from drivebench.errors import ConfigError
+
 EXIT_BAD_INPUT = 2
+COMMAND = "report"
+USAGE = ("usage: drivebench report DIR [DIR...] [report.out=OUTDIR] [report.target=METRIC<=VALUE ...]\n"
+         "  (python -m drivebench.report; --out OUTDIR and --target METRIC<=VALUE are the same options)")
 
 
-def _split_list(value: str) -> list[str]:
-    value = value.strip()
-    if value.startswith("[") and value.endswith("]"):
-        return [v.strip().strip("'\"") for v in value[1:-1].split(",") if v.strip()]
-    return [value.strip("'\"")]
+@dataclass
+class ReportArgs:
+    """The report's options, composed."""
+
+    dirs: list[Path] = field(default_factory=list)
+    out: Path | None = None
+    target: list[str] = field(default_factory=list)
 
 
-def translate_hydra_style(argv: list[str]) -> list[str]:
-    """``report.target=X`` -> ``--target X``; ``report.out=X`` -> ``--out X``; ``report.dirs=[a,b]`` -> a b."""
-    out: list[str] = []
-    for word in argv:
-        match = _HYDRA_STYLE.match(word)
-        if match is None:
-            out.append(word)
-            continue
-        key, values = match["key"], _split_list(match["value"])
-        if key in ("target", "targets"):
-            out += [f"--target={v}" for v in values]
-        elif key == "out":
-            out.append(f"--out={values[0]}")
+def _target_items(value: str) -> list[str]:
+    """The targets of one ``report.target=`` value, each quoted for Hydra (whose grammar has no
+    unquoted ``<`` or ``>``): ``a<=1`` or ``[a<=1,b>=2]``; already quoted ones stay as written."""
+    text = value.strip()
+    items = text[1:-1].split(",") if text.startswith("[") and text.endswith("]") else [text]
+    return [item if item[:1] in "'\"" else hydra_quote(item) for item in (i.strip() for i in items) if item]
+
+
+def parse_args(argv: list[str]) -> ReportArgs:
+    """Folders and options of a report command line (ConfigError, one line, for a bad one)."""
+    from drivebench.compose import compose
+
+    words = flags_to_overrides(argv, COMMAND, valued=("--out", "--target"))
+    overrides, targets, folders = [], [], []
+    for word in words:
+        if not own_option(word, COMMAND):
+            folders.append(word)
+        elif word.partition("=")[0].lstrip("+") == "report.target":
+            targets += _target_items(word.partition("=")[2])
         else:
-            out += values
-    return out
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m drivebench.report",
-        description="Table and plots over any set of drivebench runs (single runs, multirun sweeps, runs "
-                    "copied from other machines). Writes report.md, report.csv and PNG plots.")
-    parser.add_argument("dirs", nargs="*", type=Path, help="folders holding runs (searched recursively)")
-    parser.add_argument("--out", type=Path, default=None, help="where to write the report (default: the first DIR)")
-    parser.add_argument("--target", action="append", default=[], metavar="METRIC<=VALUE",
-                        help="a quality target, e.g. 'val/minFDE<=2.0' or 'train/loss<=30' (>=, <, > too); "
-                             "repeat for several. Quote it: < and > are shell redirections.")
-    args = parser.parse_args(translate_hydra_style(argv))
-    if not args.dirs:
-        parser.error("give at least one folder of runs, e.g. python -m drivebench.report outputs/multirun")
-    return args
+            overrides.append(word)
+    if targets:
+        overrides.append(f"report.target=[{','.join(targets)}]")
+    options = compose(overrides, config_name="drivebench_report").report
+    dirs = [Path(d) for d in [*folders, *options.dirs]]
+    if not dirs:
+        raise ConfigError("give at least one folder of runs, e.g. drivebench report outputs/multirun")
+    return ReportArgs(dirs=dirs, out=Path(options.out) if options.out else None, target=list(options.target))
 
 
 def _fail(message: str) -> int:
@@ -65,7 +71,15 @@ def _fail(message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(argv):
+        print(USAGE)
+        print(__doc__.split("\n\n", 1)[1].strip())
+        return 0
+    try:
+        args = parse_args(argv)
+    except ConfigError as err:
+        return _fail(str(err))
     import matplotlib
 
     matplotlib.use("Agg")  # files only: never needs a display

@@ -1,0 +1,305 @@
+"""The typed shape of drivebench's config: one dataclass per config group option, in Hydra's ConfigStore.
+
+Each group option in ``drivebench/conf`` names its schema first in its defaults list (``- /schema_accel``),
+so Hydra itself refuses a key the schema does not have (``accel.num_worker=4``) or a value of the wrong
+type (``bench.val_batches=abc``) while it composes. The yaml files hold the values and their
+documentation; the dataclasses hold the names and types (``MISSING``: the yaml must set it).
+
+OmegaConf 2.3 has no unions, so a knob that takes ``auto`` or a number is typed ``Any`` and checked in
+its dataclass's ``__post_init__``, which :func:`check` runs (``OmegaConf.to_object``) right after
+composition. :func:`check` also refuses keys appended with ``+`` (``+accel.num_worker=4``), which Hydra
+lets into a structured node. Range checks (a negative count...) belong in the same ``__post_init__``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from drivebench.errors import ConfigError
+
+
+def _whole_or_auto(group: str, obj: Any, *keys: str) -> None:
+    """``auto`` or a whole number >= 0, the one rule for every count that a machine can pick."""
+    for key in keys:
+        value = getattr(obj, key)
+        if value == "auto":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{group}.{key}={value!r} is not valid; use a whole number >= 0 or 'auto'")
+
+
+# ---- accel: the speed knobs (conf/accel/none.yaml documents each) -----------------------------------
+@dataclass
+class AccelConfig:
+    """``auto`` is allowed for every count and flag; :class:`drivebench.accel.settings.AccelSettings`
+    resolves it against the machine and checks the values."""
+
+    name: str = MISSING
+    preprocess_workers: Any = MISSING
+    precompute_targets: Any = MISSING
+    shm_cache: Any = MISSING
+    shm_cache_max_gb: Any = MISSING
+    gc_freeze: Any = MISSING
+    num_workers: Any = MISSING
+    pin_memory: Any = MISSING
+    persistent_workers: Any = MISSING
+    prefetch_factor: Optional[int] = MISSING
+    compile: Any = MISSING
+    compile_mode: str = MISSING
+    compile_dynamic: Optional[bool] = MISSING
+    precision: str = MISSING
+    tf32: Any = MISSING
+    cudnn_benchmark: Any = MISSING
+    channels_last: Any = MISSING
+    device_transform: Any = MISSING
+    device_prefetch: Any = MISSING
+    prefetch_across_epochs: Any = MISSING
+
+
+# ---- bench: what a run executes (conf/bench/*.yaml) -------------------------------------------------
+@dataclass
+class TrainBenchConfig:
+    """bench=train, ceiling, loader (drivebench.bench.runners)."""
+
+    _target_: str = MISSING
+    mode: str = MISSING
+    warmup_steps: Any = MISSING
+    steps: Any = MISSING
+    max_minutes: Optional[float] = MISSING
+    val_batches: int = MISSING
+    ceiling: bool = MISSING
+    ceiling_warmup_steps: int = MISSING
+    ceiling_steps: Any = MISSING
+    loader_batches: Any = MISSING
+    sync_each_step: bool = MISSING
+    profile: Any = MISSING   # steps under torch.profiler: a whole number, or 0 / null / false (off)
+
+    def __post_init__(self) -> None:
+        _whole_or_auto("bench", self, "warmup_steps", "steps", "ceiling_steps", "loader_batches")
+
+
+@dataclass
+class MMEngineBenchConfig(TrainBenchConfig):
+    """bench=mmengine (drivebench.openmmlab.bench)."""
+
+    apply_accel: bool = MISSING
+    log_interval: int = MISSING
+
+
+@dataclass
+class StorageBenchConfig:
+    """bench=storage (drivebench.bench.storage)."""
+
+    _target_: str = MISSING
+    mode: str = MISSING
+    dirs: Any = MISSING      # a list, a comma-separated string, or null (= ckpt.dir)
+    size_mb: Any = MISSING   # MB or auto
+    repeats: int = MISSING
+
+
+# ---- ckpt: where checkpoints go (conf/ckpt/*.yaml) ----------------------------------------------------
+@dataclass
+class CkptConfig:
+    name: str = MISSING
+    dir: Optional[str] = MISSING
+    every_n_steps: Optional[int] = MISSING
+    every_n_minutes: Optional[float] = MISSING
+    save_last: bool = MISSING
+    keep_last_k: int = MISSING
+    async_write: bool = MISSING
+    storage_options: Dict[str, Any] = field(default_factory=dict)
+    callback: Any = MISSING  # a Lightning callback (_target_) or null
+
+
+# ---- dist: processes and devices (conf/dist/*.yaml) ---------------------------------------------------
+@dataclass
+class SingleDistConfig:
+    name: str = MISSING
+    devices: Any = MISSING   # a whole number or auto
+    num_nodes: int = MISSING
+    strategy: str = MISSING
+
+
+@dataclass
+class DDPDistConfig(SingleDistConfig):
+    backend: Optional[str] = MISSING
+    find_unused_parameters: bool = MISSING
+    gradient_as_bucket_view: bool = MISSING
+    static_graph: bool = MISSING
+    p2p: Any = MISSING       # auto | on | off | an NCCL_P2P_LEVEL (YAML reads on/off as booleans)
+    timeout_minutes: float = MISSING
+
+
+# ---- data: the dataset (conf/data/*.yaml) -------------------------------------------------------------
+@dataclass
+class Argoverse2DataConfig:
+    name: str = MISSING
+    source: Any = MISSING    # the data source (_target_), fed by the keys below
+    root: Optional[str] = MISSING
+    size: str = MISSING
+    train_split: str = MISSING
+    val_split: str = MISSING
+
+
+@dataclass
+class NuScenesDataConfig(Argoverse2DataConfig):
+    version: Optional[str] = MISSING
+    image_size: Optional[List[int]] = MISSING
+    on_corrupt: str = MISSING
+
+
+@dataclass
+class MMDet3DDataConfig(NuScenesDataConfig):
+    dataset: str = MISSING
+
+
+# ---- trainer: a partial lightning.pytorch.Trainer (conf/trainer/*.yaml) -------------------------------
+@dataclass
+class TrainerConfig:
+    """Lightning Trainer arguments; the bench adds what exists only at run time (devices, strategy,
+    precision, logger, callbacks, and ``max_steps`` when it is null)."""
+
+    _target_: str = "lightning.pytorch.Trainer"
+    _partial_: bool = True
+    max_epochs: int = MISSING
+    max_steps: Optional[int] = MISSING
+    val_check_interval: Any = MISSING        # null, batches (int) or a fraction of the epoch (float)
+    check_val_every_n_epoch: Optional[int] = MISSING
+    log_every_n_steps: int = MISSING
+    gradient_clip_val: Optional[float] = MISSING
+    accumulate_grad_batches: int = MISSING
+    deterministic: Any = MISSING             # true, false or "warn"
+
+
+# ---- machine: named machine profiles (conf/machine/*.yaml) --------------------------------------------
+@dataclass
+class SlurmConfig:
+    partition: Optional[str] = MISSING
+    constraint: Optional[str] = MISSING
+    account: Optional[str] = MISSING
+    qos: Optional[str] = MISSING
+    timeout_min: int = MISSING
+
+
+@dataclass
+class MachineConfig:
+    name: str = MISSING
+    accelerator: str = MISSING
+    gpus_per_node: Optional[int] = MISSING
+    cpus_per_gpu: Optional[int] = MISSING
+    mem_gb_per_gpu: Optional[float] = MISSING
+    slurm: Optional[SlurmConfig] = MISSING
+
+
+# ---- the top level (conf/config.yaml) ------------------------------------------------------------------
+@dataclass
+class PathsConfig:
+    cache: str = MISSING
+    output_dir: str = MISSING
+    outputs_root: str = MISSING
+
+
+@dataclass
+class DrivebenchConfig:
+    """The groups are typed by their own options' schemas (``model``, ``logger`` and ``callbacks`` have none:
+    their keys are ``_target_`` arguments)."""
+
+    seed: int = MISSING
+    resume: Optional[str] = MISSING
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    model: Any = MISSING
+    data: Any = MISSING
+    accel: Any = MISSING
+    dist: Any = MISSING
+    ckpt: Any = MISSING
+    bench: Any = MISSING
+    trainer: Any = MISSING
+    callbacks: Any = MISSING
+    logger: Any = MISSING
+    machine: Any = MISSING
+
+
+# ---- the other commands' own options (drivebench report / doctor) -------------------------------------
+@dataclass
+class ReportOptions:
+    dirs: List[str] = field(default_factory=list)    # folders holding runs (searched recursively)
+    out: Optional[str] = None                        # where the report goes (default: the first folder)
+    target: List[str] = field(default_factory=list)  # quality targets, METRIC<=VALUE (>=, <, > too)
+
+
+@dataclass
+class ReportCommand:
+    report: ReportOptions = field(default_factory=ReportOptions)
+
+
+@dataclass
+class DoctorOptions:
+    json: Optional[str] = None   # also write the records as JSON here
+    skip_slow: bool = False      # skip the storage bandwidth, NCCL all-reduce and torch.compile checks
+
+
+@dataclass
+class DoctorCommand:
+    doctor: DoctorOptions = field(default_factory=DoctorOptions)
+
+
+# name in the ConfigStore -> schema (a group option's yaml names it in its defaults list)
+SCHEMAS: dict[str, type] = {
+    "schema_config": DrivebenchConfig,
+    "schema_accel": AccelConfig,
+    "schema_bench_train": TrainBenchConfig,
+    "schema_bench_mmengine": MMEngineBenchConfig,
+    "schema_bench_storage": StorageBenchConfig,
+    "schema_ckpt": CkptConfig,
+    "schema_dist_single": SingleDistConfig,
+    "schema_dist_ddp": DDPDistConfig,
+    "schema_data_argoverse2": Argoverse2DataConfig,
+    "schema_data_nuscenes": NuScenesDataConfig,
+    "schema_data_mmdet3d": MMDet3DDataConfig,
+    "schema_trainer": TrainerConfig,
+    "schema_machine": MachineConfig,
+    "drivebench_report": ReportCommand,
+    "drivebench_doctor": DoctorCommand,
+}
+
+def register() -> None:
+    """Store every schema in Hydra's ConfigStore (idempotent; done on ``import drivebench``)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for name, schema in SCHEMAS.items():
+        store.store(name=name, node=schema, provider="drivebench")
+
+
+def valid_keys(node: DictConfig) -> list[str]:
+    """The keys a node may hold: its schema's fields, else the keys it has."""
+    schema = OmegaConf.get_type(node)
+    if is_dataclass(schema):
+        return sorted(f.name for f in fields(schema))
+    return sorted(str(k) for k in node.keys())
+
+
+def check(cfg: DictConfig, prefix: str = "") -> None:
+    """What Hydra's composition lets through: keys appended with ``+`` to a typed node, and the
+    ``__post_init__`` checks of the ``auto``-or-number knobs. ConfigError (one line) for either."""
+    for key in cfg.keys():
+        if not prefix and key == "hydra":
+            continue  # Hydra's own node (with return_hydra_config): Hydra checks it
+        node = cfg._get_node(key)
+        if not isinstance(node, DictConfig) or node._is_missing() or node._is_none() or node._is_interpolation():
+            continue
+        path = f"{prefix}{key}"
+        schema = OmegaConf.get_type(node)
+        if is_dataclass(schema):
+            known = {f.name for f in fields(schema)}
+            extra = sorted(str(k) for k in node.keys() if k not in known)
+            if extra:
+                value = node._get_node(extra[0])._value()
+                raise ConfigError(f"{path}.{extra[0]}={value} is not a key of {path}; valid keys: "
+                                  f"{', '.join(sorted(known))}")
+            if hasattr(schema, "__post_init__"):
+                OmegaConf.to_object(node)  # runs __post_init__ (ConfigError) on the resolved values
+        check(node, prefix=f"{path}.")
