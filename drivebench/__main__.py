@@ -12,11 +12,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from drivebench.cli import pop_local_rank, quote_storage_dirs
-from drivebench.compose import check_command_line
-from drivebench.dist import external_rank_overrides
 from drivebench.errors import ConfigError
-from drivebench.exit_watchdog import arm_exit_watchdog, exit_timeout_from_env
 
 EXIT_BAD_INPUT = 2
 
@@ -48,6 +44,11 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in COMMANDS:
         sys.exit(COMMANDS[args[0]](args[1:]))
+    from drivebench.cli import pop_local_rank, quote_storage_dirs
+    from drivebench.compose import check_command_line
+    from drivebench.dist import external_rank_overrides
+    from drivebench.exit_watchdog import arm_exit_watchdog, exit_timeout_from_env
+
     args = [*quote_storage_dirs(pop_local_rank(args)), *external_rank_overrides()]
     try:
         check_command_line(args)  # a bad override: one line and exit 2, before Hydra makes a run directory
