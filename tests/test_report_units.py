@@ -16,7 +16,7 @@ import pytest
 
 from drivebench.report import analysed, load_runs, parse_target
 from drivebench.report.analysis import knob_changes, time_to_target
-from drivebench.report.cli import main, translate_hydra_style
+from drivebench.report.cli import main, parse_args
 from drivebench.report.labels import accel_overrides, machine_label, setting_label
 
 H200 = {"hostname": "node-7", "cpu_model": "Xeon", "cpu_cores": 16, "accelerator": "cuda",
@@ -159,10 +159,26 @@ def test_time_to_target_takes_the_first_crossing_and_skips_the_ceiling():
 
 
 def test_hydra_style_arguments():
-    argv = translate_hydra_style(["outputs/x", "report.target=val/minFDE<=2.0", "report.out=/tmp/r",
-                                  "report.target=[train/loss<=3,val/MR<=0.2]"])
-    assert argv == ["outputs/x", "--target=val/minFDE<=2.0", "--out=/tmp/r", "--target=train/loss<=3",
-                    "--target=val/MR<=0.2"]
+    args = parse_args(["outputs/x", "report.target=val/minFDE<=2.0", "report.out=/tmp/r",
+                       "report.target=[train/loss<=3,val/MR<=0.2]"])
+    assert args.dirs == [Path("outputs/x")] and args.out == Path("/tmp/r")
+    assert args.target == ["val/minFDE<=2.0", "train/loss<=3", "val/MR<=0.2"]
+    # the older flags mean the same, mixed in any order
+    flags = parse_args(["--target", "val/minFDE<=2.0", "outputs/x", "--out=/tmp/r", "--target=train/loss<=3",
+                        "report.target=val/MR<=0.2"])
+    assert flags == parse_args(["outputs/x", "report.target=[val/minFDE<=2.0,train/loss<=3,val/MR<=0.2]",
+                                "report.out=/tmp/r"])
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["outputs/x", "report.outt=/tmp/r"], "report.outt=/tmp/r is not a key of report; valid keys: dirs, out, target"),
+    (["outputs/x", "--outt", "/tmp/r"], "--outt is not an option of drivebench report"),
+    (["report.out=/tmp/r"], "give at least one folder of runs"),
+])
+def test_bad_options_are_one_line_naming_them(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"drivebench.report: error: {words}") and len(err.strip().splitlines()) == 1, err
 
 
 def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):

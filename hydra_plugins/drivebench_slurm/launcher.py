@@ -75,7 +75,7 @@ def submission_parameters(launcher_params: dict[str, Any], resources: dict[str, 
 
 
 class DrivebenchSlurmLauncher(_Base):  # type: ignore[misc,valid-type]
-    """``hydra/launcher=drivebench_slurm`` (conf/hydra/launcher/drivebench_slurm.yaml)."""
+    """``hydra/launcher=drivebench_slurm`` (drivebench/conf/hydra/launcher/drivebench_slurm.yaml)."""
 
     def __init__(self, dry_run: bool = False, **params: Any) -> None:
         super().__init__(**params)

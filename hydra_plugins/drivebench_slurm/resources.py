@@ -23,7 +23,7 @@ SLURM_ONLY = ("partition", "account", "qos", "constraint")
 def _count(value: Any, key: str, profile: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{key}={value!r} (machine={profile}) is not valid for a SLURM submission; "
-                          f"set a whole number >= 1 in conf/machine/{profile}.yaml")
+                          f"set a whole number >= 1 in drivebench/conf/machine/{profile}.yaml")
     return value
 
 
@@ -50,7 +50,7 @@ def job_resources(cfg: DictConfig) -> dict[str, Any]:
     if not slurm:
         raise ConfigError(f"machine={profile} has no slurm block, so hydra/launcher=drivebench_slurm cannot submit "
                           f"it; choose a profile that has one (machine=h200, machine=a100, or your own in "
-                          f"conf/machine/) or leave out hydra/launcher=drivebench_slurm")
+                          f"drivebench/conf/machine/) or leave out hydra/launcher=drivebench_slurm")
     if machine.accelerator != "gpu":
         raise ConfigError(f"machine={profile} has accelerator={machine.accelerator}; SLURM dispatch needs a GPU "
                           f"profile (accelerator: gpu)")
