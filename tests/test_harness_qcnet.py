@@ -161,7 +161,8 @@ def test_bf16_stays_within_tolerance(baseline, drivebench_cache: Path, tmp_path:
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["model=nosuchmodel"], "Could not find 'model/nosuchmodel'"),
+        (["model=nosuchmodel"], "drivebench: error: model='nosuchmodel' is not valid; choose one of: gaussianformer, "
+                                "maptr, mmdet3d, qcnet, sparsedrive"),
         (["model.size=huge"], "model.size='huge' is not a size of model 'qcnet'; valid choices: paper, test"),
         (["accel.num_workers=-1"], "accel.num_workers=-1 is not valid"),
         (["data.root=/nonexistent/av2"], "data.root=/nonexistent/av2 does not exist"),
