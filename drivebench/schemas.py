@@ -57,6 +57,8 @@ class AccelConfig:
     device_transform: Any = MISSING
     device_prefetch: Any = MISSING
     prefetch_across_epochs: Any = MISSING
+    fused_optimizer: Any = MISSING
+    cuda_graphs: Any = MISSING   # off | on | auto (YAML reads a bare off/on as a boolean)
 
 
 # ---- bench: what a run executes (conf/bench/*.yaml) -------------------------------------------------

@@ -182,7 +182,7 @@ def test_the_valid_keys_are_listed():
     with pytest.raises(ConfigError) as caught:
         compose(["accel.num_worker=4"])
     listed = str(caught.value).split("valid keys: ", 1)[1].split(", ")
-    assert "num_workers" in listed and "prefetch_factor" in listed and len(listed) == 20
+    assert "num_workers" in listed and "prefetch_factor" in listed and len(listed) == 22
 
 
 @pytest.mark.parametrize("override, key", [("accel.num_worker=4", "accel.num_worker"), ("bench.steps=abc", "bench.steps")])
