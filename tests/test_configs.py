@@ -93,8 +93,10 @@ def _instantiate(group: str, option: str, cfg, tmp_path: Path) -> None:
         assert resolve_devices(cfg.dist, 0, "cpu") >= 1
         build_strategy(cfg.dist, "cpu")
     elif group == "experiment":
-        for job in sweep_jobs([f"+experiment={option}"])[:3]:  # every experiment sweeps >= 2 jobs
-            job_cfg = compose([f"+experiment={option}", *job])
+        jobs = sweep_jobs([f"+experiment={option}"])
+        assert len(jobs) >= 2 and all(f"+experiment={option}" in job for job in jobs)
+        for job in jobs[:3]:
+            job_cfg = compose(job)
             instantiate(job_cfg.bench)
             _trainer(job_cfg)
     elif group == "logger":
