@@ -14,7 +14,7 @@ lets into a structured node. Range checks (a negative count...) belong in the sa
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -162,7 +162,19 @@ class MMDet3DDataConfig(NuScenesDataConfig):
 @dataclass
 class TrainerConfig:
     """Lightning Trainer arguments; the bench adds what exists only at run time (devices, strategy,
-    precision, logger, callbacks, and ``max_steps`` when it is null)."""
+    precision, logger, callbacks, and ``max_steps`` when it is null). Any other Trainer argument may be
+    appended (``+trainer.detect_anomaly=true``): :meth:`check_extra` accepts it."""
+
+    # Trainer arguments the bench passes itself, and what sets each (an appended one would be ignored)
+    SET_BY_THE_RUN: ClassVar[dict[str, str]] = {
+        "accelerator": "machine.accelerator", "devices": "dist.devices", "num_nodes": "dist.num_nodes",
+        "strategy": "the dist group", "precision": "accel.precision", "benchmark": "accel.cudnn_benchmark",
+        "logger": "the logger group", "callbacks": "the callbacks group", "profiler": "bench.profile",
+        "max_time": "bench.max_minutes", "limit_val_batches": "bench.val_batches",
+        "default_root_dir": "the run directory (hydra.run.dir)", "enable_checkpointing": "the ckpt group",
+        "num_sanity_val_steps": "drivebench (fixed)", "use_distributed_sampler": "drivebench (fixed)",
+        "enable_model_summary": "drivebench (fixed)",
+    }
 
     _target_: str = "lightning.pytorch.Trainer"
     _partial_: bool = True
@@ -174,6 +186,19 @@ class TrainerConfig:
     gradient_clip_val: Optional[float] = MISSING
     accumulate_grad_batches: int = MISSING
     deterministic: Any = MISSING             # true, false or "warn"
+
+    @classmethod
+    def check_extra(cls, key: str, value: Any) -> None:
+        """An appended ``+trainer.<key>``: any ``lightning.pytorch.Trainer`` argument the run does not set."""
+        import inspect
+
+        import lightning.pytorch as pl
+
+        if key in cls.SET_BY_THE_RUN:
+            raise ConfigError(f"trainer.{key}={value} is not valid: the run sets it from {cls.SET_BY_THE_RUN[key]}")
+        if key not in inspect.signature(pl.Trainer.__init__).parameters:
+            raise ConfigError(f"trainer.{key}={value} is not a key of trainer nor a lightning.pytorch.Trainer "
+                              f"argument; valid keys: {', '.join(sorted(f.name for f in fields(cls)))}")
 
 
 # ---- machine: named machine profiles (conf/machine/*.yaml) --------------------------------------------
@@ -290,18 +315,22 @@ def check(cfg: DictConfig, prefix: str = "") -> None:
     for key in cfg.keys():
         if not prefix and key == "hydra":
             continue  # Hydra's own node (with return_hydra_config): Hydra checks it
-        node = cfg._get_node(key)
-        if not isinstance(node, DictConfig) or node._is_missing() or node._is_none() or node._is_interpolation():
+        if OmegaConf.is_missing(cfg, key) or OmegaConf.is_interpolation(cfg, key):
+            continue
+        node = cfg.get(key)
+        if not isinstance(node, DictConfig):
             continue
         path = f"{prefix}{key}"
         schema = OmegaConf.get_type(node)
         if is_dataclass(schema):
             known = {f.name for f in fields(schema)}
             extra = sorted(str(k) for k in node.keys() if k not in known)
-            if extra:
-                value = node._get_node(extra[0])._value()
-                raise ConfigError(f"{path}.{extra[0]}={value} is not a key of {path}; valid keys: "
-                                  f"{', '.join(sorted(known))}")
+            for name in extra:
+                value = OmegaConf.to_container(node, resolve=False)[name]
+                if not hasattr(schema, "check_extra"):
+                    raise ConfigError(f"{path}.{name}={value} is not a key of {path}; valid keys: "
+                                      f"{', '.join(sorted(known))}")
+                schema.check_extra(name, value)
             if hasattr(schema, "__post_init__"):
                 OmegaConf.to_object(node)  # runs __post_init__ (ConfigError) on the resolved values
         check(node, prefix=f"{path}.")

@@ -167,6 +167,8 @@ def test_every_group_is_covered_and_typed():
     ("bench.log_every_n_steps=5", "bench.log_every_n_steps=5 is not a key of bench; valid keys: "),
     ("dist.backend=gloo", "dist.backend=gloo is not a key of dist; valid keys: devices, name, num_nodes, strategy"),
     ("seed=abc", "seed='abc' is not valid; expected a whole number"),
+    ("+trainer.devices=2", "trainer.devices=2 is not valid: the run sets it from dist.devices"),
+    ("+trainer.max_step=3", "trainer.max_step=3 is not a key of trainer nor a lightning.pytorch.Trainer argument"),
 ])
 def test_a_bad_override_is_refused_in_one_line(override, words, tmp_path, monkeypatch, capsys):
     from drivebench.__main__ import main
@@ -178,6 +180,12 @@ def test_a_bad_override_is_refused_in_one_line(override, words, tmp_path, monkey
     assert stop.value.code == 2
     assert err.startswith(f"drivebench: error: {words}") and len(err.strip().splitlines()) == 1, err
     assert not list(tmp_path.iterdir()), "a run directory was made"
+
+
+def test_any_other_trainer_argument_can_be_appended():
+    cfg = compose(["+trainer.detect_anomaly=true", "+trainer.limit_train_batches=5"])
+    trainer = _trainer(cfg)
+    assert trainer.limit_train_batches == 5 and cfg.trainer.detect_anomaly is True
 
 
 def test_the_valid_keys_are_listed():
