@@ -1,9 +1,9 @@
 """Compose drivebench's packaged config (``drivebench/conf``) with Hydra, and say in one line what is wrong.
 
 Hydra reports a bad override (an unknown key, a value of the wrong type, a group option that does not
-exist) with several lines, a search path and exit code 1, and only once it has started the job. The
-``drivebench`` command composes every job of its command line here first (:func:`check_command_line`),
-so that such an override stops before Hydra makes a run directory, as one
+exist) in several lines with its search path and exit code 1 (under ``-m``, after it has made the
+sweep directory). The ``drivebench`` command composes every job of its command line here first
+(:func:`check_command_line`), so that such an override stops before Hydra makes any directory, as one
 ``drivebench: error: <key>=<value> ...; valid ...`` line with exit code 2, as every other bad input
 does. The doctor and the report compose their configs through :func:`compose` as well.
 """

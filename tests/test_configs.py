@@ -144,6 +144,14 @@ def test_every_option_of_every_group_composes_and_instantiates(group, option, tm
     _instantiate(group, option, cfg, tmp_path)
 
 
+@pytest.mark.parametrize("group, option", sorted(NEEDS_OPENMMLAB), ids=[f"{g}={o}" for g, o in sorted(NEEDS_OPENMMLAB)])
+def test_the_openmmlab_options_compose_without_the_stack(group, option, tmp_path):
+    """Their schemas are checked here too; instantiating them needs mmcv (the openmmlab test above)."""
+    cfg = compose([*_base(tmp_path), "model=mmdet3d", f"{group}={option}"])
+    _no_missing(cfg, group)
+    assert cfg.data.name == "mmdet3d"
+
+
 def test_every_group_is_covered_and_typed():
     from drivebench.schemas import SCHEMAS
 
