@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(argv):
         print(USAGE)
-        print(__doc__.split("\n\n", 1)[1].strip())
+        print(__doc__.split("\n\n", 1)[1].strip().replace("``", ""))
         return 0
     try:
         overrides, json_path, skip_slow = split_args(pop_local_rank(argv))

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(argv):
         print(USAGE)
-        print(__doc__.split("\n\n", 1)[1].strip())
+        print(__doc__.split("\n\n", 1)[1].strip().replace("``", ""))
         return 0
     try:
         args = parse_args(argv)
