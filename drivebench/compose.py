@@ -171,7 +171,7 @@ def _first_line(err: BaseException) -> str:
     if text.startswith("Ambiguous value"):  # Hydra's three numbered fixes, in one line
         return (f"{text.splitlines()[0]}: use key=[a,b] for a list, key='a,b' for one string, or -m to sweep "
                 "over the values")
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return type(err).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines and lines[0].endswith("raised while composing config:"):  # a config file itself is wrong
+        return " ".join(lines[:3])  # In '<file>': ... Key '<key>' not in '<schema>' full_key: <key>
+    return lines[0] if lines else type(err).__name__

@@ -59,6 +59,7 @@ class AccelConfig:
     prefetch_across_epochs: Any = MISSING
     fused_optimizer: Any = MISSING
     cuda_graphs: Any = MISSING   # off | on | auto (YAML reads a bare off/on as a boolean)
+    activation_checkpointing: str = MISSING  # keep | off | auto
 
 
 # ---- bench: what a run executes (conf/bench/*.yaml) -------------------------------------------------

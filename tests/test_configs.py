@@ -199,8 +199,12 @@ def test_any_other_trainer_argument_can_be_appended():
 def test_the_valid_keys_are_listed():
     with pytest.raises(ConfigError) as caught:
         compose(["accel.num_worker=4"])
+    from dataclasses import fields
+
+    from drivebench.schemas import AccelConfig
+
     listed = str(caught.value).split("valid keys: ", 1)[1].split(", ")
-    assert "num_workers" in listed and "prefetch_factor" in listed and len(listed) == 22
+    assert listed == sorted(f.name for f in fields(AccelConfig)) and "num_workers" in listed
 
 
 @pytest.mark.parametrize("override, key", [("accel.num_worker=4", "accel.num_worker"), ("bench.steps=abc", "bench.steps")])
