@@ -14,7 +14,7 @@ from drivebench.app import validate
 from drivebench.models import registry
 from drivebench.models.registry import get_spec, list_models
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
 MODELS = ["gaussianformer", "maptr", "mmdet3d", "qcnet", "sparsedrive"]
 
 
