@@ -31,6 +31,17 @@ def _whole_or_auto(group: str, obj: Any, *keys: str) -> None:
             raise ConfigError(f"{group}.{key}={value!r} is not valid; use a whole number >= 0 or 'auto'")
 
 
+def resolve_val_batches(value: Any) -> int | float:
+    """``bench.val_batches``: a number of batches (0 = no validation) or ``all`` (Lightning's 1.0)."""
+    if value == "all":
+        return 1.0
+    if value is None or value is False:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"bench.val_batches={value!r} is not valid; use a number of batches >= 0 or 'all'")
+    return value
+
+
 # ---- accel: the speed knobs (conf/accel/none.yaml documents each) -----------------------------------
 @dataclass
 class AccelConfig:
@@ -60,6 +71,12 @@ class AccelConfig:
     fused_optimizer: Any = MISSING
     cuda_graphs: Any = MISSING   # off | on | auto (YAML reads a bare off/on as a boolean)
     activation_checkpointing: str = MISSING  # keep | off | auto
+    auto_trial: bool = MISSING           # accel=auto's trial of candidate settings before training
+    auto_numerics: bool = MISSING
+    auto_budget_s: float = MISSING
+    auto_steps: int = MISSING
+    auto_warmup_steps: Any = MISSING     # a whole number or auto
+    auto_margin: float = MISSING
 
 
 # ---- bench: what a run executes (conf/bench/*.yaml) -------------------------------------------------
@@ -72,16 +89,18 @@ class TrainBenchConfig:
     warmup_steps: Any = MISSING
     steps: Any = MISSING
     max_minutes: Optional[float] = MISSING
-    val_batches: int = MISSING
+    val_batches: Any = MISSING   # a number of batches or all
     ceiling: bool = MISSING
     ceiling_warmup_steps: int = MISSING
     ceiling_steps: Any = MISSING
     loader_batches: Any = MISSING
     sync_each_step: bool = MISSING
     profile: Any = MISSING   # steps under torch.profiler: a whole number, or 0 / null / false (off)
+    targets: Any = MISSING   # quality targets: a list of METRIC<=VALUE (or one), checked by the bench
 
     def __post_init__(self) -> None:
         _whole_or_auto("bench", self, "warmup_steps", "steps", "ceiling_steps", "loader_batches")
+        resolve_val_batches(self.val_batches)
 
 
 @dataclass
@@ -114,6 +133,7 @@ class CkptConfig:
     keep_last_k: int = MISSING
     async_write: bool = MISSING
     storage_options: Dict[str, Any] = field(default_factory=dict)
+    io: Any = MISSING        # the Trainer's CheckpointIO plugin (_target_)
     callback: Any = MISSING  # a Lightning callback (_target_) or null
 
 

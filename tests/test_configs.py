@@ -82,6 +82,9 @@ def _instantiate(group: str, option: str, cfg, tmp_path: Path) -> None:
     elif group == "callbacks":
         _callbacks(cfg)
     elif group == "ckpt":
+        from lightning.fabric.plugins import CheckpointIO
+
+        assert isinstance(instantiate(cfg.ckpt.io, _convert_="all"), CheckpointIO)
         if cfg.ckpt.callback is not None:
             assert isinstance(instantiate(cfg.ckpt.callback, _convert_="all"), pl.Callback)
     elif group == "data":
@@ -163,15 +166,20 @@ def test_every_group_is_covered_and_typed():
 
 
 # ---- bad overrides: Hydra refuses them while composing; one line, exit 2, nothing made --------------
+def _choices(group: str) -> str:
+    return ", ".join(sorted(p.stem for p in (CONF / group).glob("*.yaml")))
+
+
 @pytest.mark.parametrize("override, words", [
     ("accel.num_worker=4", "accel.num_worker=4 is not a key of accel; valid keys: "),
     ("+accel.num_worker=4", "accel.num_worker=4 is not a key of accel; valid keys: "),
     ("bench.steps=abc", "bench.steps='abc' is not valid; use a whole number >= 0 or 'auto'"),
-    ("bench.val_batches=abc", "bench.val_batches='abc' is not valid; expected a whole number"),
+    ("bench.val_batches=abc", "bench.val_batches='abc' is not valid; use a number of batches >= 0 or 'all'"),
+    ("bench.ceiling_warmup_steps=abc", "bench.ceiling_warmup_steps='abc' is not valid; expected a whole number"),
     ("trainer.log_every_n_steps=often", "trainer.log_every_n_steps='often' is not valid; expected a whole number"),
-    ("model=nosuch", "model='nosuch' is not valid; choose one of: gaussianformer, maptr, mmdet3d, qcnet, sparsedrive"),
-    ("accel=nosuch", "accel='nosuch' is not valid; choose one of: cpu, max, none, torch"),
-    ("bench=nosuch", "bench='nosuch' is not valid; choose one of: ceiling, loader, mmengine, storage, train"),
+    ("model=nosuch", f"model='nosuch' is not valid; choose one of: {_choices('model')}"),
+    ("accel=nosuch", f"accel='nosuch' is not valid; choose one of: {_choices('accel')}"),
+    ("bench=nosuch", f"bench='nosuch' is not valid; choose one of: {_choices('bench')}"),
     ("bench.log_every_n_steps=5", "bench.log_every_n_steps=5 is not a key of bench; valid keys: "),
     ("dist.backend=gloo", "dist.backend=gloo is not a key of dist; valid keys: devices, name, num_nodes, strategy"),
     ("seed=abc", "seed='abc' is not valid; expected a whole number"),

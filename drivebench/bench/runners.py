@@ -33,6 +33,7 @@ from drivebench.data.device_prefetch import DevicePrefetchLoader
 from drivebench.data.epoch_stream import EpochStream
 from drivebench.dist import gather_objects
 from drivebench.errors import ConfigError
+from drivebench.schemas import resolve_val_batches as _resolve_val_batches
 from drivebench.secrets import redact, redact_argv
 from drivebench.perf.bottleneck import diagnose, efficiency_note
 from drivebench.perf.callback import StepTimer
@@ -55,17 +56,6 @@ def _resolve_count(value: Any, gpu_default: int, cpu_default: int, on_gpu: bool)
     """``auto`` -> the machine's default (the value itself was checked by its schema, TrainBenchConfig)."""
     if value == "auto":
         return gpu_default if on_gpu else cpu_default
-    return value
-
-
-def _resolve_val_batches(value: Any) -> int | float:
-    """``bench.val_batches``: a number of batches (0 = no validation) or ``all`` (Lightning's 1.0)."""
-    if value == "all":
-        return 1.0
-    if value is None or value is False:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"bench.val_batches={value!r} is not valid; use a number of batches >= 0 or 'all'")
     return value
 
 
