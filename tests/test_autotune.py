@@ -22,7 +22,7 @@ from drivebench.app import build_run
 from drivebench.bench.autotune import AccelTrial, render_trials
 from drivebench.errors import ConfigError
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
 CPU_CAPS = Capabilities(on_gpu=False, cpu_cores=2, cores_per_device=2, bf16=False, device_transform=True,
                         compile_units=1, cuda_graphs="no CUDA device", convolutions=True, worker_cap=2)
 GPU_CAPS = Capabilities(on_gpu=True, cpu_cores=32, cores_per_device=16, bf16=True, device_transform=False,
