@@ -28,7 +28,7 @@ class PhaseLogger(Logger):
     """``base`` seen by one phase: every metric is logged as ``<phase>/<name>``, at ``step + step_offset``.
 
     Args:
-        base: the run's logger (``conf/logger``), shared by every phase.
+        base: the run's logger (``drivebench/conf/logger``), shared by every phase.
         phase: one of :data:`PHASES`.
         step_offset: added to every step (the end-of-run validation logs at the last training step).
     """
