@@ -77,6 +77,7 @@ class AccelConfig:
     auto_steps: int = MISSING
     auto_warmup_steps: Any = MISSING     # a whole number or auto
     auto_margin: float = MISSING
+    threads: Any = MISSING               # default | auto | a whole number: the thread budget
 
 
 # ---- bench: what a run executes (conf/bench/*.yaml) -------------------------------------------------
