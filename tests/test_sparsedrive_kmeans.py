@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from drivebench.models.sparsedrive import kmeans as km
 from drivebench.models.sparsedrive.model import DETECTION_CLASSES
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
 SPEC = km.AnchorSpec(num_det=3, num_map=2, num_map_sample=5, class_names=DETECTION_CLASSES, motion=(10, 2, 12),
                      plan=(3, 2, 6))
 

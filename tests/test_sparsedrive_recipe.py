@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from drivebench.app import validate
 from drivebench.errors import ConfigError
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
 
 
 def _compose(*overrides: str):

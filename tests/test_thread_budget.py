@@ -20,7 +20,7 @@ from drivebench.errors import ConfigError
 from drivebench.lit.base import DriveModule
 from drivebench.perf import machine as M
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
 
 
 def accel_preset(name: str, *overrides: str) -> dict:
