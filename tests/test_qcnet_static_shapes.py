@@ -142,3 +142,37 @@ def test_graphed_loss_replays_the_eager_loss_and_gradients(monkeypatch):
             torch.testing.assert_close(param.grad, ref_grads[name], rtol=1e-3, atol=1e-4,
                                        msg=f"{name} (batch {seed}): max |diff| / max |grad| = {worst:.2e}")
     assert graphed.describe()["graphs"] == len(padder.buckets.buckets)
+
+
+def test_release_drops_the_graphs_and_keeps_the_counts():
+    graphed = GraphedLoss(torch.nn.Linear(1, 1), lambda b: {"loss": b["x"].sum()})
+    graphed._graphs[("shape",)] = torch.nn.Identity()  # stands for a capture (CPU: nothing to capture)
+    graphed.capture_s.append(1.5)
+    graphed.release()
+    assert graphed._graphs == {}
+    assert graphed.describe()["graphs"] == 1 and graphed.describe()["capture_s"] == [1.5]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_graphs_survive_a_second_fit(tmp_path):
+    """The bench runs training, then the ceiling, as two Trainer.fit calls; Lightning frees the cuBLAS
+    workspaces between them, so each fit must capture its own graphs (an illegal memory access otherwise)."""
+    import functools
+
+    import lightning.pytorch as pl
+
+    from drivebench.lit.qcnet import QCNetModule
+
+    torch.manual_seed(0)
+    module = QCNetModule(create_model("qcnet", "test", dropout=0.0),
+                         optimizer=functools.partial(torch.optim.AdamW, lr=1e-4))
+    module.enable_cuda_graphs()
+    batches = [random_batch(make_transform("test"), num_scenes=2, seed=s, **SMALL_SCENE) for s in range(3)]
+    for _ in range(2):
+        trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=3, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+        trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
+        torch.cuda.synchronize()
+    report = module.cuda_graphs_report()
+    assert report["replays"] == 6 and report["graphs"] >= 2

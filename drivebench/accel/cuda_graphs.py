@@ -11,6 +11,10 @@ shape. The model pads every batch to one of a few shapes first (the LightningMod
 Each capture runs ``warmup_iters`` forward+backward passes on a side stream (no parameter update:
 ``torch.autograd.grad``), then records; its step is slow and usually falls in the warm-up steps.
 
+Graphs live for one ``Trainer.fit``: the LightningModule releases them when the next fit starts,
+because Lightning frees the cuBLAS workspaces at the end of each fit and captured matmuls point
+into them.
+
 Constraints, checked where the knob is resolved (``accel/settings.py`` and ``app.py``): a CUDA
 device, one process (DDP's gradient hooks would fire inside the captured backward),
 ``accumulate_grad_batches=1`` (the captured backward writes each step's gradients into the same
@@ -75,6 +79,7 @@ class GraphedLoss:
         self._names: list[str] = []
         self.capture_s: list[float] = []
         self.replays = 0
+        self._released = 0  # graphs captured and since dropped (see release)
 
     @staticmethod
     def _split(batch: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
@@ -110,8 +115,14 @@ class GraphedLoss:
         self._graphs[signature] = graphed
         return graphed
 
+    def release(self) -> None:
+        """Drop every captured graph (and its memory pool); the next call of each shape captures anew.
+        The counts in :meth:`describe` keep the history."""
+        self._released += len(self._graphs)
+        self._graphs.clear()
+
     def describe(self) -> dict[str, Any]:
-        return {"graphs": len(self._graphs), "capture_s": [round(s, 3) for s in self.capture_s],
+        return {"graphs": self._released + len(self._graphs), "capture_s": [round(s, 3) for s in self.capture_s],
                 "replays": self.replays}
 
 

@@ -95,6 +95,14 @@ class DriveModule(pl.LightningModule):
         """Replay the training forward + loss (and its backward) from CUDA graphs, one per padded shape."""
         self.graphed_loss = GraphedLoss(self, self.loss_of_batch)
 
+    def on_fit_start(self) -> None:
+        # each fit captures its own graphs: Lightning's teardown of a fit frees the cuBLAS workspaces
+        # (``_clear_cuda_memory``) that kernels captured during it point to, so replaying them in the
+        # next fit (the ceiling after training) read freed memory (seen on the H200: an illegal memory
+        # access at the ceiling's first step)
+        if self.graphed_loss is not None:
+            self.graphed_loss.release()
+
     def cuda_graphs_report(self) -> dict[str, Any]:
         """Graphs captured, their capture times and replays, plus the model's padding (summary settings)."""
         report = self.graphed_loss.describe() if self.graphed_loss is not None else {}
