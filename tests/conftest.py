@@ -13,6 +13,18 @@ from openmmlab_setup import openmmlab_stack, pytest_collection_modifyitems  # no
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module's in-process tests: two shared CPU cores and two OpenMP threads
+    stall each other for seconds per op. Use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def drivebench_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A DRIVEBENCH_CACHE for this test session (embedded sets are generated once into it)."""

@@ -14,13 +14,7 @@ from drivebench.models.qcnet.segment import segment_softmax
 HIDDEN, HEADS, HEAD_DIM = 16, 2, 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Two shared CPU cores: two OpenMP threads stall each other for seconds; one keeps tests fast."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _dense_attention(layer: AttentionLayer, x_src, x_dst_raw, r, edge_index, group_size=1):

@@ -16,13 +16,7 @@ from drivebench.models.qcnet.metrics import MotionMetrics, constant_velocity_for
 from drivebench.models.qcnet.random_scenario import random_scenario, upstream_masks
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Two shared CPU cores: two OpenMP threads stall each other for seconds; one keeps tests fast."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _hand_case():

@@ -17,13 +17,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "av2-real" / "split"
 SMALL_SCENE = dict(num_agents=6, num_polygons=16, extent=60.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Two shared CPU cores: two OpenMP threads stall each other for seconds; one keeps tests fast."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

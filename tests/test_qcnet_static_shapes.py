@@ -16,12 +16,7 @@ from drivebench.models.qcnet.static_shapes import ShapeBuckets, StaticShapePadde
 SMALL_SCENE = dict(num_agents=6, num_polygons=16, extent=60.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
