@@ -95,3 +95,13 @@ def flags_to_overrides(argv: list[str], command: str, valued: tuple[str, ...] = 
             raise ConfigError(f"{flag} is not an option of drivebench {command}; valid options: {known} "
                               f"(or {command}.<key>=<value>)")
     return out
+
+
+def asked_for_help(argv: list[str], usage: str, module_doc: str | None) -> bool:
+    """Print ``usage`` and the module docstring's body when ``-h``/``--help`` is among the words
+    (the report's and the doctor's own help: their options are overrides, not argparse flags)."""
+    if not {"-h", "--help"} & set(argv):
+        return False
+    print(usage)
+    print((module_doc or "").split("\n\n", 1)[-1].strip().replace("``", ""))
+    return True

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from drivebench.cli import asked_for_help
 from drivebench.errors import ConfigError
 
 COMMAND = "doctor"
@@ -38,9 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from drivebench.cli import pop_local_rank
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if {"-h", "--help"} & set(argv):
-        print(USAGE)
-        print(__doc__.split("\n\n", 1)[1].strip().replace("``", ""))
+    if asked_for_help(argv, USAGE, __doc__):
         return 0
     try:
         overrides, json_path, skip_slow = split_args(pop_local_rank(argv))

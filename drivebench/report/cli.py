@@ -17,7 +17,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from drivebench.cli import flags_to_overrides, hydra_quote, own_option
+from drivebench.cli import asked_for_help, flags_to_overrides, hydra_quote, own_option
 from drivebench.errors import ConfigError
 
 EXIT_BAD_INPUT = 2
@@ -72,9 +72,7 @@ def _fail(message: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if {"-h", "--help"} & set(argv):
-        print(USAGE)
-        print(__doc__.split("\n\n", 1)[1].strip().replace("``", ""))
+    if asked_for_help(argv, USAGE, __doc__):
         return 0
     try:
         args = parse_args(argv)
