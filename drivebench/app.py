@@ -53,6 +53,7 @@ class Run:
     compiled_units: list[str]
     p2p: dict[str, Any] = field(default_factory=dict)
     cuda_graphs: str = "off"  # on | off | off: <why auto turned them off>
+    fused_optimizer: str = "off"  # on | off | off: <why it cannot run here> (settings.fused_optimizer)
     activation_checkpointing: dict[str, Any] = field(default_factory=dict)  # accel's decision, for the summary
     threads: ThreadBudget | None = None  # accel.threads as applied in this process (settings.threads)
     job: DistJob | None = None
@@ -185,6 +186,8 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     except ValueError as err:
         raise ConfigError(str(err)) from err
     accel.cuda_graphs = "on" if graphs else "off"
+    run.fused_optimizer = accel.settle_fused_optimizer(accel_cfg["fused_optimizer"],
+                                                       OmegaConf.select(cfg, "trainer.gradient_clip_val"))
     module.fused_optimizer = accel.fused_optimizer
     if graphs:
         module.enable_cuda_graphs()

@@ -143,3 +143,43 @@ def test_activation_checkpointing_keep_off_auto():
 def test_activation_checkpointing_bad_value_names_the_choices():
     with pytest.raises(ConfigError, match="accel.activation_checkpointing='sometimes' is not valid; choose one of: keep, off, auto"):
         AccelSettings.resolve(preset("none", "accel.activation_checkpointing=sometimes"), machine(0, 2))
+
+
+def test_fused_optimizer_gives_way_to_clipping_under_mixed_precision():
+    """Lightning's mixed-precision plugin refuses to clip with a fused Adam (it unscales inside its step):
+    auto turns the kernel off with the reason, an explicit true is refused in one line, and without
+    clipping or under fp32 the kernel stays on (the H200 run of GaussianFormer max crashed at its first
+    clipped step before this rule)."""
+    auto = AccelSettings.resolve(preset("max"), machine(1, 16))
+    assert auto.fused_optimizer and auto.precision == "bf16-mixed"
+    status = auto.settle_fused_optimizer("auto", 35.0)
+    assert status.startswith("off: gradient clipping") and not auto.fused_optimizer
+    assert not any(c.startswith("fused_optimizer") for c in auto.numerics_changes())
+
+    forced = AccelSettings.resolve(preset("max", "accel.fused_optimizer=true"), machine(1, 16))
+    with pytest.raises(ConfigError, match=r"accel.fused_optimizer=true .*trainer.gradient_clip_val=35"):
+        forced.settle_fused_optimizer(True, 35)
+    assert forced.settle_fused_optimizer(True, None) == "on" and forced.fused_optimizer
+
+    fp32 = AccelSettings.resolve(preset("max", "accel.precision=32-true"), machine(1, 16))
+    assert fp32.settle_fused_optimizer("auto", 35.0) == "on" and fp32.fused_optimizer
+
+
+def test_lightning_still_refuses_to_clip_with_a_fused_optimizer_under_mixed_precision():
+    """The rule above mirrors Lightning's: if this starts passing, the rule can go."""
+    import torch
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    param = torch.nn.Parameter(torch.ones(3))
+    param.grad = torch.ones(3)
+    fused = torch.optim.AdamW([param], fused=True)
+    with pytest.raises(RuntimeError, match="fused"):
+        MixedPrecision("bf16-mixed", "cpu").clip_gradients(fused, 35.0)
+
+
+def test_numerics_lists_only_knobs_that_act_on_the_run():
+    s = AccelSettings.resolve(preset("max", "accel.device_transform=decode"), machine(1, 16))
+    assert {"compile", "device_transform=decode"} <= {c.split(" ")[0] for c in s.numerics_changes()}
+    # QCNet: no compile units, no images
+    left = {c.split(" ")[0] for c in s.numerics_changes(compiles=False, decodes_on_device=False)}
+    assert "compile" not in left and "device_transform=decode" not in left and "precision=bf16-mixed" in left

@@ -45,6 +45,7 @@ class Capabilities:
     convolutions: bool              # the net has Conv2d layers (channels-last, cuDNN autotuning)
     worker_cap: int = 16            # most loader workers tried
     checkpointed: bool = False      # the model's backbones recompute activations by default (upstream's with_cp)
+    fused_optimizer: str = ""        # "" where a fused optimizer can run, else why not (clipping under mixed precision)
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], l
     stage("channels_last", (False, True), no_gpu or convs)
     stage("cudnn_benchmark", (False, True), no_gpu or convs)
     stage("pin_memory", (False, True), no_gpu, bound_by=H2D_BOUND)
-    stage("fused_optimizer", (False, True), no_gpu)
+    stage("fused_optimizer", (False, True), no_gpu or caps.fused_optimizer)
     return planned, not_allowed
 
 
@@ -283,6 +284,9 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage], measure: Callable[[
             if stage.knob not in reached:
                 trials.append(Trial(stage=stage.knob, change=f"{stage.knob}: not tried", setting=dict(incumbent.setting),
                                     status=SKIPPED, reason=f"budget: accel.auto_budget_s={budget_s:g} spent"))
+    # the preset's own trial failed or was cut (a loaded machine, a tiny budget): the run trains with the
+    # preset, and no row is marked chosen, since a cut trial is never chosen
+    incumbent.chosen = incumbent.status == OK
     chosen = incumbent.setting if incumbent.status == OK else dict(base)
     return SearchResult(chosen=chosen, trials=trials, not_allowed=list(not_allowed), cost_s=clock() - start,
                         stopped_by_budget=stopped)

@@ -181,14 +181,18 @@ class AccelSettings:
             auto_margin=float(margin),
         )
 
-    def numerics_changes(self) -> list[str]:
-        """Knobs in effect that change the arithmetic (not only where/when work happens)."""
+    def numerics_changes(self, compiles: bool | None = None, decodes_on_device: bool | None = None) -> list[str]:
+        """Knobs in effect that change the arithmetic (not only where/when work happens).
+
+        ``compiles`` / ``decodes_on_device``: whether this run really compiles a unit and decodes images
+        on the device (None: as the knobs say). A knob that is on but has nothing to act on (QCNet
+        declares no compile units and has no images) changes nothing, so it is not listed."""
         changes = []
         if self.precision != "32-true":
             changes.append(f"precision={self.precision}")
         if self.tf32:
             changes.append("tf32")
-        if self.compile:
+        if self.compile and compiles is not False:
             changes.append("compile")
         if self.cudnn_benchmark:
             changes.append("cudnn_benchmark")
@@ -197,10 +201,31 @@ class AccelSettings:
         if self.cuda_graphs == "on":
             changes.append("cuda_graphs (batches padded to a few shapes: the same loss up to summation order; "
                            "dropout masks drawn over the padded tensors)")
-        if self.device_transform == "decode":
+        if self.device_transform == "decode" and decodes_on_device is not False:
             changes.append("device_transform=decode (nvjpeg decode and bilinear warps differ from the CPU path "
                            "in the last bits)")
         return changes
+
+    def settle_fused_optimizer(self, requested: Any, gradient_clip_val: float | None) -> str:
+        """Turn the fused optimizer off where Lightning cannot clip with it; returns the summary status.
+
+        Lightning's mixed-precision plugin unscales gradients before it clips them and refuses an
+        optimizer that unscales inside its own step (torch's ``fused=True`` Adam): with
+        ``trainer.gradient_clip_val`` set under ``*-mixed`` precision the run would fail at its first
+        clipped step. ``auto`` turns the kernel off there (multi-tensor ``foreach`` updates remain);
+        an explicit ``true`` is refused before any work."""
+        if not self.fused_optimizer:
+            return "off"
+        if not gradient_clip_val or not self.precision.endswith("-mixed"):
+            return "on"
+        if requested is True:
+            raise ConfigError(
+                f"accel.fused_optimizer=true cannot run with trainer.gradient_clip_val={gradient_clip_val:g} under "
+                f"accel.precision={self.precision}: Lightning clips unscaled gradients and the fused kernel unscales "
+                "inside its step; use accel.fused_optimizer=auto (off here) or trainer.gradient_clip_val=null")
+        self.fused_optimizer = False
+        return (f"off: gradient clipping (trainer.gradient_clip_val={gradient_clip_val:g}) under {self.precision}, "
+                "which Lightning cannot do with a fused optimizer")
 
     def apply_activation_checkpointing(self, net: nn.Module, machine: MachineInfo, batch_size: int) -> dict[str, Any]:
         """Resolve ``activation_checkpointing`` for ``net`` and switch its backbones; returns the summary record.

@@ -155,7 +155,16 @@ class AccelTrial:
             compile_units=len(units), cuda_graphs="" if graphs else why.removeprefix("off: "),
             convolutions=any(isinstance(m, nn.Conv2d) for m in net.modules()),
             worker_cap=min(machine.cores_per_device, MAX_LOADER_WORKERS) if on_gpu else max(machine.cpu_cores, 1),
-            checkpointed=bool(run.activation_checkpointing.get("model_default")))
+            checkpointed=bool(run.activation_checkpointing.get("model_default")),
+            fused_optimizer=self._fused_optimizer_blocked(run))
+
+    def _fused_optimizer_blocked(self, run: Any) -> str:
+        """Why the fused-optimizer stage cannot run (``AccelSettings.settle_fused_optimizer``'s rule: Lightning
+        does not clip with it under mixed precision, which the trial may choose), or ""."""
+        clip = OmegaConf.select(self.cfg, "trainer.gradient_clip_val")
+        if clip and (run.accel.precision.endswith("-mixed") or run.accel.auto_numerics):
+            return f"trainer.gradient_clip_val={clip:g} under mixed precision: Lightning cannot clip with a fused optimizer"
+        return ""
 
     def run(self) -> dict[str, Any]:
         accel = self.cfg.accel

@@ -358,9 +358,12 @@ class TrainBench:
             "machine": {**run.machine.to_dict(), "run_dir_filesystem": filesystem_of(run.output_dir)},
             "settings": {
                 "accel": run.accel.to_dict(),
-                "numerics_changed_by": run.accel.numerics_changes() + (
-                    run.threads.numerics_changes() if run.threads is not None else []),
+                "numerics_changed_by": run.accel.numerics_changes(
+                    compiles=bool(run.compiled_units), decodes_on_device=run.datamodule.device_transform is not None
+                    and hasattr(run.datamodule.transform, "device_transform_for"),  # a camera pipeline's decode
+                ) + (run.threads.numerics_changes() if run.threads is not None else []),
                 "cuda_graphs": {"status": run.cuda_graphs},
+                "fused_optimizer": run.fused_optimizer,
                 "activation_checkpointing": run.activation_checkpointing,
                 "threads": run.threads.to_dict() if run.threads is not None else None,
                 "compiled_units": run.compiled_units or (
