@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import warnings
 import time
@@ -19,6 +20,7 @@ from typing import Any
 import lightning.pytorch as pl
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
@@ -36,6 +38,7 @@ from drivebench.models.registry import get_spec
 from drivebench.perf.machine import MachineInfo, detect_machine
 from drivebench.schemas import check as check_schemas
 from drivebench.secrets import redact, redact_text, scrub_hydra_dir, secret_values
+from drivebench.signals import STOP, Interrupted
 
 log = logging.getLogger("drivebench")
 
@@ -126,6 +129,14 @@ def _validate(cfg: DictConfig) -> None:
     if OmegaConf.select(cfg, "callbacks.step_timer") is None:
         raise ConfigError("callbacks.step_timer=null is not valid: the step timer is the benchmark's clock "
                           "(every figure of summary.json comes from it); remove other callbacks, not this one")
+    if not isinstance(cfg.seed, int):
+        raise ConfigError(f"seed={cfg.seed!r} is not valid; use a whole number")
+    requeue = cfg.get("requeue", False)
+    if not isinstance(requeue, bool):
+        raise ConfigError(f"requeue={requeue!r} is not valid; use true or false")
+    if requeue and cfg.get("resume") != "auto":
+        raise ConfigError(f"requeue=true restarts this command after a SIGUSR1 stop, which then continues only with "
+                          f"resume=auto (resume={cfg.get('resume')}); add resume=auto")
     if OmegaConf.is_missing(cfg.ckpt, "dir"):
         raise ConfigError(f"ckpt={cfg.ckpt.name} needs a destination: ckpt.dir=<directory or fsspec URL, "
                           "e.g. s3://bucket/run>")
@@ -229,8 +240,10 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     output_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(cfg.paths.output_dir)
     scrub_hydra_dir(output_dir)  # Hydra saved the raw config: take credentials out of it
     patch_rank_launch_command()
+    STOP.install()  # SIGTERM / SIGINT / SIGUSR1: stop at a step boundary, checkpoint, summary, exit 128 + signal
     try:
         with DistJob() as job:
+            STOP.forward_to.append(job.rank_processes)
             bench = build(cfg.bench)  # first: its arguments are checked before the run is built
             started = time.time()
             trial = None
@@ -245,6 +258,12 @@ def main(cfg: DictConfig) -> dict[str, Any]:
             if trial is not None:
                 run.autotune, run.started = tuned, started  # the run's wall time includes its trial
             return bench.run(run)
+    except Interrupted as stop:
+        _exit_interrupted(stop)
+    except KeyboardInterrupt:  # SIGINT before the handler was installed, or from a library's own handler
+        _exit_interrupted(Interrupted(signal.SIGINT))
+    except SIGTERMException:  # Lightning's SIGTERM handling, if it ever runs before ours (a SystemExit)
+        _exit_interrupted(Interrupted(signal.SIGTERM))
     except ConfigError as err:
         print(f"drivebench: error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -262,3 +281,15 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         sys.exit(1)
+    finally:
+        STOP.forward_to.clear()
+        STOP.restore()
+
+
+def _exit_interrupted(stop: Interrupted) -> None:
+    """One line (global rank 0 only: every rank stops), then exit with 128 + the signal's number."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    if getattr(rank_zero_only, "rank", 0) == 0:
+        print(stop.line(), file=sys.stderr, flush=True)
+    sys.exit(stop.exit_code)

@@ -266,7 +266,7 @@ def dead_rank_message(procs: list[subprocess.Popen], wait_s: float = 0.0) -> str
     while True:
         for local_rank, proc in enumerate(procs, start=1):
             code = proc.poll()
-            if code in (None, 0) or proc.pid in _KILLED:
+            if code in (None, 0) or proc.pid in _KILLED or _stopped_on_signal(code):
                 continue
             how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
             rank = _global_rank(local_rank, len(procs) + 1)
@@ -275,6 +275,14 @@ def dead_rank_message(procs: list[subprocess.Popen], wait_s: float = 0.0) -> str
         if time.monotonic() >= deadline or all(proc.poll() is not None for proc in procs):
             return None
         time.sleep(0.1)
+
+
+def _stopped_on_signal(code: int) -> bool:
+    """A rank's exit status that is this run's stop on a signal (128 + signal, or killed by it), not a failure."""
+    from drivebench.signals import STOP, exit_code
+
+    signum = STOP.stopping()
+    return signum is not None and code in (exit_code(signum), -signum)
 
 
 def kill_ranks(procs: list[subprocess.Popen]) -> None:
@@ -349,8 +357,13 @@ class DistJob:
         return procs
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        from drivebench.signals import Interrupted
+
         procs = self.rank_processes()
-        failed = exc_type is not None and exc_type is not SystemExit
+        # a stop on a signal is not a failure: every rank stops at the same step (or on its own copy
+        # of the signal) and exits with 128 + its number; waiting for them is all there is to do
+        interrupted = exc_type is not None and issubclass(exc_type, Interrupted)
+        failed = exc_type is not None and exc_type is not SystemExit and not interrupted
         dead = dead_rank_message(procs, wait_s=3.0) if failed else None
         if failed:
             running = [(i, p.pid) for i, p in enumerate(procs, start=1) if p.poll() is None]
@@ -367,7 +380,7 @@ class DistJob:
                 torch.distributed.destroy_process_group()
             else:  # the same processes run the sweep's next job in the same group (see launched_externally)
                 _destroy_group_at_exit()
-        timeout_s = self.failed_child_timeout_s if failed else self.child_timeout_s
+        timeout_s = self.failed_child_timeout_s if failed or interrupted else self.child_timeout_s
         for proc in procs:
             try:
                 proc.wait(timeout=timeout_s)

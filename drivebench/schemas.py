@@ -258,6 +258,7 @@ class DrivebenchConfig:
 
     seed: int = MISSING
     resume: Optional[str] = MISSING
+    requeue: bool = MISSING   # SLURM: requeue after a SIGUSR1 stop (needs resume=auto)
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: Any = MISSING
     data: Any = MISSING

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import signal
 import sys
 import time
 from typing import Any
@@ -35,6 +36,7 @@ from drivebench.dist import gather_objects
 from drivebench.errors import ConfigError
 from drivebench.schemas import resolve_val_batches as _resolve_val_batches
 from drivebench.secrets import redact, redact_argv
+from drivebench.signals import STOP, Interrupted, StopOnSignal, exit_code, requeue_slurm_job, signal_name
 from drivebench.perf.bottleneck import diagnose, efficiency_note
 from drivebench.perf.callback import StepTimer
 from drivebench.perf.ceiling import CeilingDataModule
@@ -123,6 +125,8 @@ class TrainBench:
 
     # ---- entry -------------------------------------------------------------------------------
     def run(self, run: Run) -> dict[str, Any]:
+        """Execute the phases; write and return the summary. A stop signal ends the run early with a
+        summary of what ran (``status: interrupted``) and :class:`Interrupted` carrying its one line."""
         on_gpu = run.machine.accelerator == "cuda"
         self.steps = _resolve_count(self.steps, 300, 30, on_gpu)
         self.ceiling_steps = _resolve_count(self.ceiling_steps, 50, 10, on_gpu)
@@ -133,28 +137,42 @@ class TrainBench:
         monitor = SystemMonitor(torch.cuda.current_device() if on_gpu else None)
         logger = run.logger()
         dm = run.datamodule
-        t0 = time.perf_counter()
-        dm.prepare_data()
-        dm.setup("fit")
-        summary["data"] = run.datamodule.source.describe()
-        summary["data"]["prepare_s"] = time.perf_counter() - t0
-        summary["data"]["train_samples"] = len(dm.train_set)
-        summary["data"]["val_samples"] = len(dm.val_set)
+        self.stopped: dict[str, Any] | None = None  # training stopped on a signal (StopOnSignal's record)
+        self._trainer: pl.Trainer | None = None
+        self._phase = "set-up"
         trained_step = 0  # the global step of the weights after training (validation logs there)
         try:
+            self._phase = "data preparation"
+            t0 = time.perf_counter()
+            dm.prepare_data()
+            dm.setup("fit")
+            summary["data"] = run.datamodule.source.describe()
+            summary["data"]["prepare_s"] = time.perf_counter() - t0
+            summary["data"]["train_samples"] = len(dm.train_set)
+            summary["data"]["val_samples"] = len(dm.val_set)
             if self.runs_loader:
+                self._phase = "the loader phase"
                 summary["loader"] = self._loader_phase(run)
             if self.runs_training:
+                self._phase = "training"
                 trained_step = self._train_phase(run, logger, monitor, summary)
+            if self.stopped is not None:  # stopped on a signal at a step boundary: nothing more runs
+                raise self._interrupted(run, logger, summary, self.stopped["signum"])
             if self.runs_ceiling and (self.ceiling or not self.runs_training):
                 # right after training, under the same conditions; the ceiling's steps on one batch
                 # must not change the weights that validation then scores
                 weights = {k: v.detach().clone() for k, v in run.module.state_dict().items()}
+                self._phase = "the ceiling phase"
                 self._ceiling_phase(run, logger, monitor, summary)
                 run.module.load_state_dict(weights)
             if self.runs_training and self.val_batches:
+                self._phase = "validation"
                 summary["val"] = self._validate(run, logger, trained_step)
                 summary["val_notes"] = run.module.metric_notes(summary["val"])
+        except Interrupted as stop:  # a signal outside a training phase, or a second one during it
+            if stop.message is None:
+                raise self._interrupted(run, logger, summary, stop.signum) from None
+            raise
         finally:
             monitor.stop()
         summary["data"]["shm_cache"] = dm.cache_stats()
@@ -171,9 +189,7 @@ class TrainBench:
             summary["settings"]["compile_report"] = compile_report()
         if run.module.graphed_loss is not None:
             summary["settings"]["cuda_graphs"] = {"status": run.cuda_graphs, **run.module.cuda_graphs_report()}
-        summary["run"]["finished"] = dt.datetime.now().isoformat(timespec="seconds")
-        summary["run"]["wall_s"] = time.time() - run.started
-        summary["run"]["status"] = "completed"
+        self._finish(run, summary, "completed")
         if run.p2p:
             summary["dist"] = {"p2p": run.p2p}
         if run.autotune is not None:
@@ -186,6 +202,52 @@ class TrainBench:
             logger.finalize("success")
         print(render_table(summary), flush=True)
         return summary
+
+    def _finish(self, run: Run, summary: dict[str, Any], status: str) -> None:
+        summary["run"]["finished"] = dt.datetime.now().isoformat(timespec="seconds")
+        summary["run"]["wall_s"] = time.time() - run.started
+        summary["run"]["status"] = status
+
+    def _interrupted(self, run: Run, logger: Any, summary: dict[str, Any], signum: int) -> Interrupted:
+        """The end of a run stopped by ``signum``: the summary (``status: interrupted``, the step reached, the
+        final checkpoint), a SLURM requeue when asked for, and the exception whose line the app prints."""
+        STOP.deferring += 1  # a further signal no longer breaks off writing what is left to write
+        try:
+            trainer = self._trainer
+            step = trainer.global_step if trainer is not None else None
+            saved = ((summary.get("checkpoints") or {}).get("each") or [])
+            final = saved[-1] if saved and saved[-1]["step"] == step else None
+            record: dict[str, Any] = {
+                "signal": signal_name(signum), "exit_code": exit_code(signum), "step": step,
+                "at_step_boundary": self.stopped is not None, "checkpoint": final["path"] if final else None,
+                "requeue": None,
+            }
+            zero = getattr(self, "is_global_zero", True) if trainer is None else trainer.is_global_zero
+            if run.cfg.get("requeue") and signum == signal.SIGUSR1 and zero:
+                record["requeue"] = requeue_slurm_job()
+            summary["run"]["interrupted"] = record
+            self._finish(run, summary, "interrupted")
+            where = ""
+            if zero:
+                path = write_summary(run.output_dir / "summary.json", summary)
+                summary["paths"]["summary"] = str(path)
+                where = f"; summary {path}"
+                if logger:
+                    logger.finalize("interrupted")
+            if self.stopped is not None:
+                what = f"at step {step}"
+            elif self._phase == "training" and step is not None:
+                what = f"during step {step + 1} (a second signal: not at a step boundary)"
+            else:
+                what = f"during {self._phase}" + (f" (training reached step {step})" if step is not None else "")
+            ckpt = f"; checkpoint {record['checkpoint']}" if record["checkpoint"] else (
+                "; no checkpoint of this step (checkpoints are off)" if run.cfg.ckpt.get("callback") is None or step is None
+                else "; no checkpoint of this step")
+            requeued = f"; {record['requeue']}" if record["requeue"] else ""
+            resume = "; continue with resume=auto" if record["checkpoint"] else ""
+            return Interrupted(signum, f"{what}{ckpt}{where} (status interrupted){requeued}{resume}")
+        finally:
+            STOP.deferring -= 1
 
     # ---- phases ------------------------------------------------------------------------------
     def _train_phase(self, run: Run, logger: Any, monitor: SystemMonitor, summary: dict[str, Any]) -> int:
@@ -201,6 +263,8 @@ class TrainBench:
         checkpoint_io = build(cfg.ckpt.io, _convert_="all")  # the Trainer's CheckpointIO plugin
         ckpt = build(cfg.ckpt.callback, _convert_="all") if cfg.ckpt.get("callback") else None
         callbacks.append(RngState())  # RNG states in every checkpoint, restored on resume, also for ckpt=none
+        stop = StopOnSignal()  # a stop signal ends training at the next step boundary
+        callbacks.append(stop)
         if ckpt is not None:
             callbacks.append(ckpt)
         resume_from = find_resume_checkpoint(cfg, checkpoint_io.store)
@@ -223,8 +287,10 @@ class TrainBench:
             run.job.track(trainer)
         # the checkpoint IO reads resume_from (remote ones with ckpt.storage_options); Lightning restores
         # model, optimizer, schedulers, loops, the training loader's position and the RNG states
+        self._trainer = trainer
         trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=resume_from)
         self.is_global_zero = trainer.is_global_zero
+        self.stopped = stop.stopped
         prefetch = trainer.train_dataloader
         if isinstance(prefetch, DevicePrefetchLoader):
             summary["data"]["device_prefetch"] = prefetch.stats()

@@ -19,6 +19,7 @@ import lightning.pytorch as pl
 
 from drivebench.ckpt.checkpoint_io import StorageCheckpointIO
 from drivebench.errors import ConfigError
+from drivebench.signals import StopOnSignal, at_optimizer_step_boundary
 
 
 class Checkpointing(pl.Callback):
@@ -26,7 +27,7 @@ class Checkpointing(pl.Callback):
 
     Args:
         every_n_steps / every_n_minutes: save triggers (either, both or neither).
-        save_last: save when training ends.
+        save_last: save when training ends (a stop on a signal saves whatever this says).
         clock: seconds for ``every_n_minutes`` (a monotonic clock; tests pass their own).
 
     A save's blocking time is timed by the IO (``StorageCheckpointIO.blocking``) on the step clock
@@ -77,9 +78,7 @@ class Checkpointing(pl.Callback):
             self.io.reserve_staging({"state_dict": pl_module.state_dict(),
                                      "optimizer_states": [opt.state_dict() for opt in trainer.optimizers]},
                                     trainer.global_step)
-        done = batch_idx + 1
-        per_epoch = trainer.num_training_batches
-        if done % trainer.accumulate_grad_batches and not (isinstance(per_epoch, int) and done >= per_epoch):
+        if not at_optimizer_step_boundary(trainer, batch_idx):
             return  # mid-accumulation: the gradients summed so far would not be in the checkpoint
         step = trainer.global_step
         due = bool(self.every_n_steps and step % self.every_n_steps == 0)
@@ -92,8 +91,11 @@ class Checkpointing(pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         assert self.io is not None
+        stop = StopOnSignal.of(trainer)
+        interrupted = stop is not None and stop.stopped is not None
         try:
-            if self.save_last and trainer.global_step != self._last_saved_step:
+            # a stop on a signal always saves: the job is going away and continues from here
+            if (self.save_last or interrupted) and trainer.global_step != self._last_saved_step:
                 self.save(trainer)
         finally:
             self.io.finish()
