@@ -28,7 +28,8 @@ from drivebench.accel.compile import compile_report
 from drivebench.accel.gc_freeze import FreezeHeap
 from drivebench.app import Run, build
 from drivebench.bench.phase_logger import CEILING, FIT, VALIDATE, phase_logger
-from drivebench.ckpt.resume import describe_resume, find_resume_checkpoint
+from drivebench.ckpt.identity import RunIdentity
+from drivebench.ckpt.resume import ResumePlan, resolve_resume
 from drivebench.ckpt.state import RngState
 from drivebench.data.device_prefetch import DevicePrefetchLoader
 from drivebench.data.epoch_stream import EpochStream
@@ -142,6 +143,8 @@ class TrainBench:
         self._phase = "set-up"
         trained_step = 0  # the global step of the weights after training (validation logs there)
         try:
+            if self.runs_training:  # before any work: a resume=<path> that cannot be read is a bad value
+                self._checkpoint_io, self._resume = self._resolve_checkpoints(run, summary)
             self._phase = "data preparation"
             t0 = time.perf_counter()
             dm.prepare_data()
@@ -203,6 +206,19 @@ class TrainBench:
         print(render_table(summary), flush=True)
         return summary
 
+    def _resolve_checkpoints(self, run: Run, summary: dict[str, Any]) -> tuple[Any, ResumePlan | None]:
+        """The checkpoint IO, bound to this run's identity, and what ``resume`` resolved to (summary ``run``)."""
+        cfg = run.cfg
+        checkpoint_io = build(cfg.ckpt.io, _convert_="all")
+        identity = RunIdentity.of_config(OmegaConf.to_container(cfg, resolve=True), _world(run))
+        plan = resolve_resume(cfg, checkpoint_io.store, identity)  # may adopt the checkpoint's run id
+        checkpoint_io.bind(identity)
+        summary["run"]["run_id"] = identity.run_id
+        summary["run"]["fingerprint"] = identity.fingerprint
+        summary["run"]["resumed_from"] = plan.path if plan is not None else None
+        summary["run"]["resume"] = plan.to_summary() if plan is not None else None
+        return checkpoint_io, plan
+
     def _finish(self, run: Run, summary: dict[str, Any], status: str) -> None:
         summary["run"]["finished"] = dt.datetime.now().isoformat(timespec="seconds")
         summary["run"]["wall_s"] = time.time() - run.started
@@ -260,16 +276,14 @@ class TrainBench:
         # the profiler before the timer: its trace export then falls into a profiled (excluded) step
         callbacks: list[pl.Callback] = (([freeze] if freeze else []) + ([profiler] if profiler else []) + [timer]
                                         + configured_callbacks(run))
-        checkpoint_io = build(cfg.ckpt.io, _convert_="all")  # the Trainer's CheckpointIO plugin
+        checkpoint_io = self._checkpoint_io  # the Trainer's CheckpointIO plugin, bound to this run's identity
         ckpt = build(cfg.ckpt.callback, _convert_="all") if cfg.ckpt.get("callback") else None
         callbacks.append(RngState())  # RNG states in every checkpoint, restored on resume, also for ckpt=none
         stop = StopOnSignal()  # a stop signal ends training at the next step boundary
         callbacks.append(stop)
         if ckpt is not None:
             callbacks.append(ckpt)
-        resume_from = find_resume_checkpoint(cfg, checkpoint_io.store)
-        summary["run"]["resumed_from"] = resume_from
-        summary["run"]["resume"] = describe_resume(cfg, resume_from, checkpoint_io.store)
+        resume_from = self._resume.path if self._resume is not None else None
         max_steps = cfg.trainer.max_steps
         if max_steps is None:  # bench.steps measured steps after warm-up and the profiled steps
             max_steps = self.warmup_steps + self.steps + (profiler.occupied_steps if profiler else 0)

@@ -64,6 +64,7 @@ class Checkpointing(pl.Callback):
             param_bytes = sum(p.numel() * p.element_size() for p in pl_module.parameters())
             # weights + two Adam moments, per kept checkpoint plus the one being written
             io.store.prepare(3 * param_bytes * (max(io.keep_last_k, 1) + 1))
+            io.claim()  # a second live run on this directory stops here, in one line
 
     # ---- triggers ----------------------------------------------------------------------------
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
