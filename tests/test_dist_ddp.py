@@ -190,7 +190,7 @@ def test_ddp_checkpoints_and_resume_mid_epoch_on_every_rank(drivebench, tmp_path
     straight = {r["rank"]: r["batches"] for r in records(probe, "samples")}
 
     resumed_dir = tmp_path / "resumed"
-    result, probe, _ = drivebench([*RUN, *DDP, f"resume={ckpt_dir / 'step-00000003.ckpt'}",
+    result, probe, _ = drivebench([*RUN, *DDP, f"resume={next(ckpt_dir.glob('step-00000003-*.ckpt'))}",
                                    f"hydra.run.dir={resumed_dir}"], cwd=tmp_path / "b")
     assert result.returncode == 0, result.stderr[-3000:]
     resumed = {r["rank"]: r["batches"] for r in records(probe, "samples")}

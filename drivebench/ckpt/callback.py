@@ -119,6 +119,7 @@ class Checkpointing(pl.Callback):
         step = trainer.global_step
         self._last_saved_step = step
         self._last_save_time = self.clock()
+        _flush_loggers(trainer)  # what was logged up to this step is on disk before its checkpoint is
         with self.io.blocking():
             trainer.save_checkpoint(self.io.path_for(step), weights_only=False)
         self._log_completed(trainer)
@@ -143,3 +144,23 @@ class Checkpointing(pl.Callback):
         """The ``checkpoints`` section of summary.json: the IO's record and the triggers in effect."""
         assert self.io is not None
         return {**self.io.summary(), "every_n_steps": self.every_n_steps, "every_n_minutes": self.every_n_minutes}
+
+
+def _flush_loggers(trainer: pl.Trainer) -> None:
+    """Flush every logger before a checkpoint is written (rank 0 logs): a kill right after the checkpoint
+    must not lose steps that the resumed run will not log again. A logger that can (the bench's
+    :class:`~drivebench.bench.phase_logger.PhaseLogger`) also flushes the step's losses, which Lightning logs
+    after this hook."""
+    if not trainer.is_global_zero:
+        return
+    for logger in trainer.loggers:
+        flush = getattr(logger, "flush", None)
+        if callable(flush):
+            try:
+                flush(then_next=True)
+            except TypeError:
+                flush()
+            continue
+        flush = getattr(getattr(logger, "experiment", None), "flush", None)
+        if callable(flush):
+            flush()
