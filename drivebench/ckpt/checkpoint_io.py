@@ -265,8 +265,10 @@ class StorageCheckpointIO(CheckpointIO):
 
     def _advice(self, err: CheckpointWriteError) -> str:
         """What to do after a failed write, made true: which checkpoint to continue from, and how."""
-        store = self._store()
-        previous = [f for f in store.list_checkpoints() if f.belongs_to(self.identity)]
+        try:
+            previous = [f for f in self._store().list_checkpoints() if f.belongs_to(self.identity)]
+        except Exception:  # noqa: BLE001 - the storage that just failed may not list either
+            previous = []
         fix = ("free space in ckpt.dir" if err.full else
                "check the storage (space, quota, credentials)" if err.remote else
                "check that ckpt.dir exists and is writable")
@@ -274,8 +276,8 @@ class StorageCheckpointIO(CheckpointIO):
             return (f"No checkpoint of this run was written yet: {fix}, or choose another ckpt.dir, and start "
                     "the run again")
         last = previous[-1].path
-        return (f"To continue: {fix} and rerun the same command with resume=auto (it finds {last}), or continue "
-                f"elsewhere with ckpt.dir=<another directory> resume={last}")
+        return (f"To continue: {fix}, then rerun with resume=auto and the same ckpt.dir (it finds {last}), or "
+                f"write elsewhere with ckpt.dir=<another directory> resume={last}")
 
     def _prune(self) -> None:
         """Delete all but the newest ``keep_last_k`` complete checkpoints of this run (only after a new one is

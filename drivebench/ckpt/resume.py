@@ -19,6 +19,7 @@ the storage options of ``ckpt.dir`` when it is on the same filesystem.
 from __future__ import annotations
 
 import logging
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,8 +71,8 @@ def read_checkpoint(path: str, store: CheckpointStore | None = None) -> dict[str
     try:
         if _is_remote(path):
             checkpoint = store_for(path, store).load(path)
-        else:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        else:  # memory-mapped where the format allows it (torch.save's zip files): only the pickle is read
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except Exception as err:  # torch raises many kinds for a file that is not a checkpoint
         raise ConfigError(f"resume={path} is not a checkpoint drivebench can read ({_why_unreadable(path, err)}); "
                           "give a step-*.ckpt file that a drivebench run wrote, or resume=auto") from None
@@ -86,6 +87,8 @@ def _why_unreadable(path: str, err: BaseException) -> str:
         try:
             if Path(path).stat().st_size == 0:
                 return "the file is empty"
+            if not zipfile.is_zipfile(path):
+                return "it is not a zip archive, which is what torch.save writes"
         except OSError:
             pass
     text = str(err).strip()
@@ -233,4 +236,4 @@ def _passed_over(others: list[CheckpointFile], identity: RunIdentity, store: Che
 def _peek(path: str, store: CheckpointStore | None) -> dict[str, Any]:
     if _is_remote(path):
         return store_for(path, store).load(path)
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
