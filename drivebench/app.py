@@ -31,8 +31,8 @@ from drivebench.accel.threads import ThreadBudget
 from drivebench.ckpt.store import CheckpointWriteError
 from drivebench.data.datamodule import DriveDataModule
 from drivebench.data.device_transfer import DeviceTransform
-from drivebench.dist import DistJob, apply_p2p, build_strategy, patch_rank_launch_command, resolve_devices
-from drivebench.errors import ConfigError
+from drivebench.dist import DistJob, RankFailed, apply_p2p, build_strategy, patch_rank_launch_command, resolve_devices
+from drivebench.errors import ConfigError, DataError, data_error_in_worker
 from drivebench.lit.base import DriveModule
 from drivebench.models.registry import get_spec
 from drivebench.perf.machine import MachineInfo, detect_machine
@@ -264,7 +264,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         _exit_interrupted(Interrupted(signal.SIGINT))
     except SIGTERMException:  # Lightning's SIGTERM handling, if it ever runs before ours (a SystemExit)
         _exit_interrupted(Interrupted(signal.SIGTERM))
-    except ConfigError as err:
+    except (ConfigError, DataError) as err:
         print(f"drivebench: error: {err}", file=sys.stderr)
         sys.exit(2)
     except CheckpointWriteError as err:
@@ -272,8 +272,18 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         # print the raw command-line overrides, credentials included)
         print(f"drivebench: error: {err}", file=sys.stderr)
         sys.exit(1)
+    except RankFailed as err:  # another rank died: its name is the message (the collective that noticed is not)
+        if logging.getLogger().handlers:  # the run's log (a rank process Lightning launched has none)
+            log.error("run failed: %s", err)
+        print(f"drivebench: error: {err}", file=sys.stderr)
+        sys.exit(1)
     except Exception as err:  # a bug or an environment failure: full traceback to the run's log only
         secrets = secret_values(OmegaConf.select(cfg, "ckpt.storage_options"))
+        bad_data = data_error_in_worker(err)
+        if bad_data is not None:  # a DataError raised in a loader worker: torch re-raises it as text
+            log.error("run failed: %s", redact_text(bad_data, secrets))  # the worker's traceback is noise here
+            print(f"drivebench: error: {redact_text(bad_data, secrets)}", file=sys.stderr)
+            sys.exit(2)
         log.exception("run failed")
         where = output_dir / "__main__.log"
         print(f"drivebench: error: {type(err).__name__}: {redact_text(str(err), secrets)[:2000]}\n"

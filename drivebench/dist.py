@@ -330,6 +330,49 @@ class RankFailed(RuntimeError):
     """A rank process of this run died; the message names it."""
 
 
+def lightning_launched_rank(environ: dict[str, str] | None = None) -> bool:
+    """Is this process a rank that Lightning's launcher started (its parent is the node's rank-0 process)?"""
+    env = os.environ if environ is None else environ
+    local = env.get("LOCAL_RANK", "")
+    return local.isdigit() and int(local) > 0 and "WORLD_SIZE" in env and not launched_externally(env)
+
+
+def launcher_gone_message(launcher_pid: int, local_rank: int) -> str:
+    node_zero = _global_rank(0, 1) if os.environ.get("NODE_RANK") in (None, "", "0") else None
+    name = f"rank {node_zero}" if node_zero is not None else "this node's first rank"
+    me = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() \
+        else local_rank
+    return (f"{name} (pid {launcher_pid}, the process that launched this one) ended during the run without a "
+            f"word: killed (SIGKILL, the OOM killer) or crashed; rank {me} stopped because its peer is gone")
+
+
+class LauncherWatch(threading.Thread):
+    """In a rank Lightning launched: if the launching process (the node's rank 0) disappears, say so by name.
+
+    Why: with rank 0 killed, the other ranks fail in their next collective with gloo's "Connection reset by
+    peer" (or, on NCCL, wait until dist.timeout_minutes). The main thread's error is replaced by the name
+    (:class:`DistJob`); if it is stuck instead, this thread ends the process after ``grace_s``.
+    """
+
+    def __init__(self, launcher_pid: int, local_rank: int, poll_s: float = 1.0, grace_s: float = 10.0) -> None:
+        super().__init__(daemon=True, name="drivebench-launcher-watch")
+        self.launcher_pid = launcher_pid
+        self.local_rank = local_rank
+        self.poll_s = poll_s
+        self.grace_s = grace_s
+
+    def gone(self) -> bool:
+        return os.getppid() != self.launcher_pid
+
+    def run(self) -> None:
+        while not self.gone():
+            time.sleep(self.poll_s)
+        time.sleep(self.grace_s)  # the main thread usually fails first and names rank 0 itself
+        print(f"drivebench: error: {launcher_gone_message(self.launcher_pid, self.local_rank)}", file=sys.stderr,
+              flush=True)
+        os._exit(1)
+
+
 class DistJob:
     """Context for one Hydra job: restores the environment and tears DDP down when the job ends."""
 
@@ -339,6 +382,10 @@ class DistJob:
         self.child_timeout_s = child_timeout_s
         self.failed_child_timeout_s = failed_child_timeout_s
         self.fault = ExitRankAtStep.from_env()
+        self.launcher: LauncherWatch | None = None
+        if lightning_launched_rank():
+            self.launcher = LauncherWatch(os.getppid(), int(os.environ["LOCAL_RANK"]))
+            self.launcher.start()
 
     def __enter__(self) -> "DistJob":
         return self
@@ -392,6 +439,12 @@ class DistJob:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        if failed and self.launcher is not None:
+            deadline = time.monotonic() + 3.0  # the launcher's death may be a moment ahead of its reaping
+            while not self.launcher.gone() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if self.launcher.gone():
+                raise RankFailed(launcher_gone_message(self.launcher.launcher_pid, self.launcher.local_rank)) from exc
         if dead is None and not failed:
             dead = dead_rank_message(procs)  # rank 0 finished, but a rank failed (e.g. in its teardown)
         if dead is not None:

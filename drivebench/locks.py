@@ -10,6 +10,8 @@ live run out of a checkpoint directory: the second is told who holds it instead 
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -18,16 +20,29 @@ try:
 except ImportError:  # Windows: no flock; runs there are single-process anyway
     fcntl = None  # type: ignore[assignment]
 
+log = logging.getLogger(__name__)
+
 
 @contextlib.contextmanager
 def exclusive_lock(path: Path | str) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (created with its parent folders) for the ``with`` block."""
+    """Hold an exclusive lock on ``path`` (created with its parent folders) for the ``with`` block; where
+    this process cannot create it (a read-only filesystem, no write permission), the block runs unlocked."""
     if fcntl is None:
         yield
         return
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")
+    except OSError as err:
+        if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        # a directory this process cannot write (a read-only cache, another user's): it can only read the
+        # work there, which needs no lock; writing it would fail with its own error, naming the file
+        log.debug("no lock at %s (%s): this process can only read there", path, err.strerror)
+        yield
+        return
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

@@ -179,6 +179,9 @@ class TrainBench:
         finally:
             monitor.stop()
         summary["data"]["shm_cache"] = dm.cache_stats()
+        skipped_val = _skip_counts(dm.val_set)
+        if skipped_val is not None:
+            summary["data"]["skipped_in_validation"] = skipped_val
         train, ceiling = summary.get("train") or {}, summary.get("ceiling") or {}
         if train.get("samples_per_s") and ceiling.get("samples_per_s"):
             summary["efficiency"] = (train.get("global_samples_per_s") or train["samples_per_s"]) / (
@@ -318,9 +321,13 @@ class TrainBench:
                                                     trainer.global_step)
         if freeze is not None:
             summary["train"]["gc_freeze"] = freeze.summary()
+        skipped = _skip_counts(run.datamodule.train_set)
         if trainer.world_size > 1:
-            summary["ranks"] = self._gather_ranks(summary["train"], trainer)
+            summary["ranks"] = self._gather_ranks(summary["train"], trainer, skipped)
             summary["train"]["global_samples_per_s"] = summary["ranks"]["global_samples_per_s"]
+            skipped = summary["ranks"].pop("skipped")
+        if skipped is not None:
+            summary["data"]["skipped_in_training"] = skipped
         summary["loss"] = loss_summary(timer.times.records)
         if run.machine.accelerator == "cuda":
             summary["memory"]["peak_device_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -330,9 +337,11 @@ class TrainBench:
         return trainer.global_step
 
     @staticmethod
-    def _gather_ranks(stats: dict[str, Any], trainer: pl.Trainer) -> dict[str, Any]:
-        """Every rank's own figures, on rank 0: global throughput and the slowest rank."""
+    def _gather_ranks(stats: dict[str, Any], trainer: pl.Trainer, skipped: dict[str, int] | None = None) -> dict[str, Any]:
+        """Every rank's own figures, on rank 0: global throughput and the slowest rank (and the samples
+        ``data.on_corrupt=skip`` skipped, summed over ranks, under ``skipped``)."""
         mine = {
+            "skipped": skipped,
             "rank": trainer.global_rank,
             "samples": stats.get("samples"),
             "wall_s": stats.get("wall_s"),
@@ -346,7 +355,11 @@ class TrainBench:
         walls = [r["wall_s"] for r in per_rank if r["wall_s"]]
         samples = sum(r["samples"] or 0 for r in per_rank)
         slowest = max(per_rank, key=lambda r: (r["data_wait_fraction"] or 0.0, r["step_s_median"] or 0.0))
+        counted = [r.pop("skipped") for r in per_rank]
+        total = None if all(c is None for c in counted) else {
+            kind: sum((c or {}).get(kind, 0) for c in counted) for kind in sorted({k for c in counted if c for k in c})}
         return {
+            "skipped": total,
             "world_size": trainer.world_size,
             "per_rank": per_rank,
             "global_samples_per_s": samples / max(walls) if walls else None,
@@ -462,6 +475,13 @@ class TrainBench:
             "config": redact(OmegaConf.to_container(cfg, resolve=True)),
             "paths": {"output_dir": str(run.output_dir)},
         }
+
+
+def _skip_counts(dataset: Any) -> dict[str, int] | None:
+    """Samples a dataset skipped (``data.on_corrupt=skip``) in this process and its loader workers; None for
+    a dataset that never skips."""
+    counts = getattr(dataset, "skip_counts", None)
+    return counts() if callable(counts) else None
 
 
 def _world(run: Run) -> int:

@@ -256,14 +256,14 @@ class StorageCheckpointIO(CheckpointIO):
         try:
             result = self._store().write(name, checkpoint, fault)
         except CheckpointWriteError as err:
-            raise err.with_advice(self._advice(err)) from err.__cause__
+            raise err.with_advice(self.continue_advice(err)) from err.__cause__
         record.update(path=result.path, bytes=result.bytes, write_s=result.write_s,
                       mb_per_s=result.bytes / 2**20 / result.write_s if result.write_s > 0 else None)
         self.saves.append(record)
         self._prune()
         return record
 
-    def _advice(self, err: CheckpointWriteError) -> str:
+    def continue_advice(self, err: CheckpointWriteError) -> str:
         """What to do after a failed write, made true: which checkpoint to continue from, and how."""
         try:
             previous = [f for f in self._store().list_checkpoints() if f.belongs_to(self.identity)]

@@ -139,8 +139,8 @@ class CheckpointStore:
                 raise ConfigError(f"ckpt.dir={self.path} is not writable ({err.strerror or err}); choose a "
                                   "writable directory or ckpt=none") from err
             if needed_bytes:
-                free = os.statvfs(self.path).f_bavail * os.statvfs(self.path).f_frsize
-                if free < needed_bytes:
+                free = self.free_bytes()
+                if free is not None and free < needed_bytes:
                     raise ConfigError(
                         f"ckpt.dir={self.path} has {free / 2**20:.0f} MiB free but the checkpoints of this run need "
                         f"about {needed_bytes / 2**20:.0f} MiB (keep_last_k + 1 checkpoints); free space, lower "
@@ -156,6 +156,14 @@ class CheckpointStore:
                 raise ConfigError(self._clean(
                     f"ckpt.dir={self.url} is not writable ({type(err).__name__}: {err}); check the URL and "
                     "ckpt.storage_options")) from err
+
+    def free_bytes(self) -> int | None:
+        """Bytes free for this process in a local directory (None for a URL: object stores do not say)."""
+        if not self.local:
+            return None
+        assert self.path is not None
+        stat = os.statvfs(self.path)
+        return stat.f_bavail * stat.f_frsize
 
     # ---- write / list / read -----------------------------------------------------------------
     def write(self, name: str, checkpoint: dict[str, Any],
