@@ -140,6 +140,59 @@ def _validate(cfg: DictConfig) -> None:
     if OmegaConf.is_missing(cfg.ckpt, "dir"):
         raise ConfigError(f"ckpt={cfg.ckpt.name} needs a destination: ckpt.dir=<directory or fsspec URL, "
                           "e.g. s3://bucket/run>")
+    lr = OmegaConf.select(cfg, "model.optimizer.lr")
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0):
+        raise ConfigError(f"model.optimizer.lr={lr!r} is not valid; use a learning rate >= 0")
+
+
+# paths that must be (or become) directories: naming a file would fail where the run first writes there
+_DIRECTORIES = ("hydra.run.dir", "hydra.sweep.dir", "paths.cache", "paths.outputs_root", "ckpt.dir")
+
+
+def check_before_start(cfg: DictConfig) -> None:
+    """Every check a run makes of its config before any work, made before Hydra starts the job (the
+    ``drivebench`` command runs it on each job it composed, with ``return_hydra_config``): the values
+    (:func:`validate`), the bench's and the data source's arguments, the accel knobs and the devices
+    against this machine, the directories, a local ``resume=<path>``. ConfigError (one line) for the first
+    that fails; builds nothing that stays."""
+    from drivebench.ckpt.resume import read_checkpoint
+
+    validate(cfg)
+    build(cfg.bench)
+    _check_directories(cfg)
+    build(cfg.data.source)
+    machine = detect_machine(cfg.machine.accelerator)
+    accelerator = "gpu" if machine.accelerator == "cuda" else "cpu"
+    processes = resolve_devices(cfg.dist, len(machine.gpus), accelerator)
+    accel_cfg = OmegaConf.to_container(cfg.accel, resolve=True)
+    accel = AccelSettings.resolve(accel_cfg, machine, processes)
+    accel.thread_budget(accel_cfg["threads"], machine, processes)
+    if cfg.dist.strategy == "ddp":
+        apply_p2p(cfg.dist.get("p2p", "auto"), cache_dir=cfg.paths.cache, environ={})
+        build_strategy(cfg.dist, accelerator)
+    resume = cfg.get("resume")
+    if resume not in (None, "", "none", "auto") and "://" not in str(resume):
+        if not Path(str(resume)).expanduser().is_file():
+            raise ConfigError(f"resume={resume} does not exist (or is not a file); give a step-*.ckpt file that a "
+                              "drivebench run wrote, or resume=auto")
+        read_checkpoint(str(Path(str(resume)).expanduser()))  # memory-mapped: its pickle only
+
+
+def _check_directories(cfg: DictConfig) -> None:
+    for key in _DIRECTORIES:
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+        except InterpolationResolutionError:  # ${hydra:runtime.output_dir}: inside hydra.run.dir, checked
+            continue
+        if value is None or "://" in str(value):
+            continue
+        path = Path(str(value)).expanduser()
+        for part in (path, *path.parents):
+            if part.exists():
+                if not part.is_dir():
+                    what = "names a file" if part == path else f"is inside {part}, a file"
+                    raise ConfigError(f"{key}={value} {what}; it must be a directory: choose another {key}")
+                break
 
 
 def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:

@@ -35,6 +35,7 @@ from drivebench.data.device_prefetch import DevicePrefetchLoader
 from drivebench.data.epoch_stream import EpochStream
 from drivebench.dist import gather_objects
 from drivebench.errors import ConfigError
+from drivebench.schemas import resolve_profile
 from drivebench.schemas import resolve_val_batches as _resolve_val_batches
 from drivebench.secrets import redact, redact_argv
 from drivebench.signals import STOP, Interrupted, StopOnSignal, exit_code, requeue_slurm_job, signal_name
@@ -74,15 +75,6 @@ def _resolve_targets(value: Any) -> list[str]:
         except ValueError as err:
             raise ConfigError(f"bench.targets={item!r} is not valid: {err}") from None
     return labels
-
-
-def _resolve_profile(value: Any) -> int:
-    """``bench.profile``: steps to profile; 0, null or false = off."""
-    if value is None or value is False:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"bench.profile={value!r} is not valid; use a number of steps >= 1, or 0/null (off)")
-    return value
 
 
 def step_timer(run: Run, phase: str, warmup_steps: int, monitor: SystemMonitor, **kwargs: Any) -> StepTimer:
@@ -133,7 +125,7 @@ class TrainBench:
         self.ceiling_steps = _resolve_count(self.ceiling_steps, 50, 10, on_gpu)
         self.loader_batches = _resolve_count(self.loader_batches, 200, 30, on_gpu)
         self.warmup_steps = _resolve_count(self.warmup_steps, 0, 0, on_gpu)
-        self.profile = _resolve_profile(self.profile)
+        self.profile = resolve_profile(self.profile)
         summary = self._base_summary(run)
         monitor = SystemMonitor(torch.cuda.current_device() if on_gpu else None)
         logger = run.logger()
