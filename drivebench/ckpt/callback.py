@@ -149,7 +149,7 @@ class Checkpointing(pl.Callback):
         self._room_checked = True
         size = int(self.io.saves[0]["bytes"] or 0)
         free = self.io.store.free_bytes()
-        more = self._copies_to_come() - 1  # the one just written is on disk already
+        more = self._copies_to_come()  # the one just written counts among those present
         if free is None or more <= 0 or free >= size * more:
             return
         err = CheckpointWriteError(
