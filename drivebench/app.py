@@ -153,7 +153,7 @@ def check_before_start(cfg: DictConfig) -> None:
     """Every check a run makes of its config before any work, made before Hydra starts the job (the
     ``drivebench`` command runs it on each job it composed, with ``return_hydra_config``): the values
     (:func:`validate`), the bench's and the data source's arguments, the accel knobs and the devices
-    against this machine, the directories, a local ``resume=<path>``. ConfigError (one line) for the first
+    against this machine (the fused optimizer with clipping too), the directories, a local ``resume=<path>``. ConfigError (one line) for the first
     that fails; builds nothing that stays."""
     from drivebench.ckpt.resume import read_checkpoint
 
@@ -167,6 +167,7 @@ def check_before_start(cfg: DictConfig) -> None:
     accel_cfg = OmegaConf.to_container(cfg.accel, resolve=True)
     accel = AccelSettings.resolve(accel_cfg, machine, processes)
     accel.thread_budget(accel_cfg["threads"], machine, processes)
+    accel.settle_fused_optimizer(accel_cfg["fused_optimizer"], OmegaConf.select(cfg, "trainer.gradient_clip_val"))
     if cfg.dist.strategy == "ddp":
         apply_p2p(cfg.dist.get("p2p", "auto"), cache_dir=cfg.paths.cache, environ={})
         build_strategy(cfg.dist, accelerator)

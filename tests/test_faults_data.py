@@ -10,11 +10,15 @@ cache failed creating its lock file; the preflight estimated a checkpoint at 3x 
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import shutil
+import stat
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import lightning.pytorch as pl
 import pytest
@@ -25,6 +29,8 @@ from drivebench.ckpt.store import CheckpointWriteError
 from drivebench.errors import DataError, data_error_in_worker, load_json
 from test_ckpt_callback import Toy, ToyData, checkpointing, trainer_for
 from test_ckpt_cli_helpers import TRAIN, cli_env, command, shared_cache
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 MAPTR = ["model=maptr", "model.size=test", "data.size=mini", "accel=none", "bench.ceiling=false",
          "bench.val_batches=0", "bench.warmup_steps=0", "bench.steps=2", "ckpt=none"]
@@ -55,6 +61,26 @@ def truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
+def config(cache: Path, out: Path, *overrides: str) -> Any:
+    """The run's composed config, as the drivebench command composes it (in this process)."""
+    from drivebench.compose import compose
+
+    return compose([*overrides, f"paths.cache={cache}", f"paths.output_dir={out}"])
+
+
+def read_training_data(cache: Path, out: Path, *overrides: str) -> Any:
+    """What a run does with its data before the first step, in this process: the run is built (build_run),
+    the data source prepares (devkit tables, sample index, preprocessing) and the datasets are set up
+    (MapTR's map targets); then one training sample is read. Returns the run."""
+    from drivebench.app import build_run
+
+    run = build_run(config(cache, out, *overrides), out, progress=False)
+    run.datamodule.prepare_data()
+    run.datamodule.setup("fit")
+    run.datamodule.train_set[0]
+    return run
+
+
 def run_side_by_side(jobs: dict[str, list[str]], cache: Path, cwd: Path) -> dict[str, subprocess.CompletedProcess]:
     """``python -m drivebench`` for each job, two at a time (the machine has two cores; each run uses one)."""
     done: dict[str, subprocess.CompletedProcess] = {}
@@ -76,8 +102,18 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-# ---- files that are not what their format says: named, exit 2 ------------------------------------------------
-def test_broken_dataset_files_are_named_in_one_line_with_exit_2(tmp_path, cache, datasets):
+def one_error_line_in_process(stderr: str) -> str:
+    """The same contract for ``drivebench.app.main`` run in this process (it exited with code 2)."""
+    lines = [line for line in stderr.splitlines() if line.startswith("drivebench: error:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+# ---- files that are not what their format says: named ---------------------------------------------------------
+def test_broken_dataset_files_are_named_in_one_line(tmp_path, cache, datasets):
+    """In this process, through the real readers (the nuScenes devkit, NuScenesMap, pyarrow, the AV2 map
+    JSON): each damaged file is named in a one-line DataError (what the drivebench command prints, exit 2:
+    test_data_errors_reach_the_command_line_as_one_line_with_exit_2)."""
     table_root = copy_of(datasets, "nuscenes", tmp_path / "table")
     truncate(table_root / "v1.0-mini" / "sample.json")
     map_root = copy_of(datasets, "nuscenes", tmp_path / "map")
@@ -90,21 +126,52 @@ def test_broken_dataset_files_are_named_in_one_line_with_exit_2(tmp_path, cache,
     no_map_root = copy_of(datasets, "argoverse2", tmp_path / "nomap")
     no_map = next(sorted((no_map_root / "train").iterdir())[0].glob("log_map_archive_*.json"))
     no_map.unlink()
+    cases = {
+        "table": ([*MAPTR, f"data.root={table_root}"], [str(table_root / "v1.0-mini" / "sample.json"),
+                                                        "not valid JSON", "line "]),
+        "map": ([*MAPTR, f"data.root={map_root}"], [str(expansion), "map expansion"]),
+        "parquet": ([*QCNET, f"data.root={parquet_root}"], [str(parquet), "parquet"]),
+        "no_map": ([*QCNET, f"data.root={no_map_root}"], [str(no_map)]),
+    }
+    for name, (overrides, named) in cases.items():
+        with pytest.raises(DataError) as err:
+            read_training_data(cache, tmp_path / f"r-{name}", *overrides)
+        message = str(err.value)
+        assert "\n" not in message and all(part in message for part in named), (name, message)
+
+
+@pytest.fixture(scope="module")
+def broken_jpegs(tmp_path_factory, cache, datasets) -> tuple[Path, list[Path]]:
+    """A nuScenes copy whose sample index was cached while every file was good; then three front-camera
+    JPEGs broke (SOI and EOI markers, nothing decodable between): what the index cannot see."""
+    where = tmp_path_factory.mktemp("broken-jpegs")
+    root = copy_of(datasets, "nuscenes", where)
+    run = read_training_data(cache, where / "index", *MAPTR, f"data.root={root}")
+    assert run.datamodule.source.describe()["skipped_at_index"] == {}
+    broken = sorted((root / "samples" / "CAM_FRONT").glob("*.jpg"))[:3]
+    for jpeg in broken:
+        jpeg.write_bytes(b"\xff\xd8\xff" + bytes(2000) + b"\xff\xd9")
+    return root, broken
+
+
+def test_data_errors_reach_the_command_line_as_one_line_with_exit_2(tmp_path, cache, datasets, broken_jpegs):
+    """End to end, side by side: a table the devkit cannot parse (raised while preparing the data) and a JPEG
+    that a loader worker cannot decode (raised in the worker, re-raised by torch as text): exit 2, one line
+    naming the file, no traceback."""
+    root, broken = broken_jpegs
+    table_root = copy_of(datasets, "nuscenes", tmp_path / "table")
+    truncate(table_root / "v1.0-mini" / "sample.json")
     jobs = {
-        "table": [*MAPTR, f"data.root={table_root}", f"hydra.run.dir={tmp_path / 'r-table'}"],
-        "map": [*MAPTR, f"data.root={map_root}", f"hydra.run.dir={tmp_path / 'r-map'}"],
-        "parquet": [*QCNET, f"data.root={parquet_root}", f"hydra.run.dir={tmp_path / 'r-parquet'}"],
-        "no_map": [*QCNET, f"data.root={no_map_root}", f"hydra.run.dir={tmp_path / 'r-nomap'}"],
+        "table": [*MAPTR, f"data.root={table_root}", f"hydra.run.dir={tmp_path / 'table-run'}"],
+        "worker": [*MAPTR, f"data.root={root}", "accel.num_workers=1", "bench.steps=12",
+                   f"hydra.run.dir={tmp_path / 'worker-run'}"],
     }
     done = run_side_by_side(jobs, cache, tmp_path)
     line = one_error_line(done["table"])
-    assert str(table_root / "v1.0-mini" / "sample.json") in line and "not valid JSON" in line and "line " in line
-    line = one_error_line(done["map"])
-    assert str(expansion) in line and "map expansion" in line
-    line = one_error_line(done["parquet"])
-    assert str(parquet) in line and "parquet" in line
-    line = one_error_line(done["no_map"])
-    assert str(no_map) in line
+    assert str(table_root / "v1.0-mini" / "sample.json") in line and "not valid JSON" in line
+    line = one_error_line(done["worker"])
+    assert any(str(b) in line for b in broken) and "does not decode" in line and "data.on_corrupt=skip" in line
+    assert not list(tmp_path.rglob("summary.json"))
 
 
 def test_load_json_names_the_file(tmp_path):
@@ -139,58 +206,101 @@ def test_a_data_error_from_a_loader_worker_is_recognised():
 
 
 # ---- on_corrupt=skip after the index was cached --------------------------------------------------------------
-def test_images_that_break_after_indexing_are_skipped_and_counted_or_named(tmp_path, cache, datasets):
-    root = copy_of(datasets, "nuscenes", tmp_path / "data")
-    warm = run_side_by_side({"index": [*MAPTR, f"data.root={root}", f"hydra.run.dir={tmp_path / 'index'}"]},
-                            cache, tmp_path)["index"]
-    assert warm.returncode == 0, warm.stderr[-3000:]  # the sample index is cached, every file good
-    broken = sorted((root / "samples" / "CAM_FRONT").glob("*.jpg"))[:3]
-    for jpeg in broken:
-        jpeg.write_bytes(b"\xff\xd8\xff" + bytes(2000) + b"\xff\xd9")  # SOI and EOI, nothing decodable between
-    skip = [*MAPTR, f"data.root={root}", "data.on_corrupt=skip", "bench.steps=6"]
-    jobs = {
-        "skip": [*skip, f"hydra.run.dir={tmp_path / 'skip'}"],
-        # the shared-memory image cache decodes every image up front: it leaves the broken ones out
-        "skip_shm": [*skip, "accel.shm_cache=true", f"hydra.run.dir={tmp_path / 'skip-shm'}"],
-        # a loader worker meets the broken file: named in one line all the same
-        "fail": [*MAPTR, f"data.root={root}", "accel.num_workers=1", "bench.steps=12",
-                 f"hydra.run.dir={tmp_path / 'fail'}"],
-    }
-    done = run_side_by_side(jobs, cache, tmp_path)
-    for name in ("skip", "skip_shm"):
-        assert done[name].returncode == 0, done[name].stderr[-3000:]
-        data = json.loads((tmp_path / name.replace("_", "-") / "summary.json").read_text())["data"]
-        assert data["skipped_at_index"] == {}  # the index, cached before, saw nothing wrong
-        skipped = data["skipped_in_training"]
-        assert skipped["corrupt"] >= 1 and skipped["missing"] == 0, skipped
-        named = [line for line in done[name].stdout.splitlines() + done[name].stderr.splitlines()
-                 if "skipped a sample" in line]
-        assert named and any(str(b) in line for b in broken for line in named)
-    line = one_error_line(done["fail"])
-    assert any(str(b) in line for b in broken) and "does not decode" in line and "data.on_corrupt=skip" in line
+@pytest.mark.parametrize("shm_cache", [False, True], ids=["loader", "shm-cache"])
+def test_images_that_break_after_indexing_are_skipped_and_counted(shm_cache, tmp_path, cache, broken_jpegs,
+                                                                  caplog):
+    """A whole run (drivebench.app.main, in this process) with data.on_corrupt=skip: the broken images are
+    skipped, each named in the log, and counted in the summary. The shared-memory image cache decodes every
+    image up front: it leaves the broken ones out, and the loader, reading them itself, skips them."""
+    from drivebench.app import main
+
+    root, broken = broken_jpegs
+    out = tmp_path / "run"
+    cfg = config(cache, out, *MAPTR, f"data.root={root}", "data.on_corrupt=skip", "bench.steps=6",
+                 f"accel.shm_cache={str(shm_cache).lower()}")
+    with caplog.at_level("WARNING", logger="drivebench.data.transforms.dataset"):
+        summary = main(cfg)
+    assert json.loads((out / "summary.json").read_text())["data"] == summary["data"]
+    data = summary["data"]
+    assert data["skipped_at_index"] == {}  # the index, cached before, saw nothing wrong
+    skipped = data["skipped_in_training"]
+    assert skipped["corrupt"] >= 1 and skipped["missing"] == 0, skipped
+    if shm_cache:
+        assert data["shm_cache"]["enabled"] is True, data["shm_cache"]
+    named = [r.getMessage() for r in caplog.records if "skipped a sample" in r.getMessage()]
+    assert len(named) == sum(skipped.values()) and all(any(str(b) in m for b in broken) for m in named)
 
 
 # ---- a read-only cache that holds everything -------------------------------------------------------------------
-def test_a_read_only_populated_cache_is_used_without_writing(tmp_path, datasets):
-    backing, cache = tmp_path / "backing", tmp_path / "cache"
-    backing.mkdir()
-    cache.mkdir()
-    if subprocess.run(["mount", "--bind", str(backing), str(cache)], capture_output=True).returncode != 0:
-        pytest.skip("cannot bind-mount here (the read-only case needs a read-only filesystem: root ignores modes)")
+_CAP_DAC_OVERRIDE, _CAP_DAC_READ_SEARCH = 1, 2  # linux/capability.h
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+@contextmanager
+def file_modes_apply_to_root() -> Iterator[bool]:
+    """Root ignores file modes (CAP_DAC_OVERRIDE): for root, drop that capability from this thread's effective
+    set (kept in the permitted set, restored after), so a chmod-read-only directory is read-only to it, as it
+    is to every other user. Yields False where that is not possible (no capget/capset)."""
+    if os.geteuid() != 0:
+        yield True
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3, this thread
+    if not hasattr(libc, "capget") or libc.capget(ctypes.byref(header), data) != 0:
+        yield False
+        return
+    saved = data[0].effective
+    data[0].effective &= ~((1 << _CAP_DAC_OVERRIDE) | (1 << _CAP_DAC_READ_SEARCH))
+    if libc.capset(ctypes.byref(header), data) != 0:
+        yield False
+        return
     try:
-        args = [*QCNET, f"hydra.run.dir={tmp_path / 'populate'}"]
-        first = subprocess.run(command(args), cwd=tmp_path, env=cli_env(cache), capture_output=True, text=True,
-                               timeout=300)
-        assert first.returncode == 0, first.stderr[-3000:]
-        assert subprocess.run(["mount", "-o", "remount,ro,bind", str(cache)], capture_output=True).returncode == 0
-        assert subprocess.run(["touch", str(cache / "probe")], capture_output=True).returncode != 0  # really ro
-        args = [*QCNET, f"hydra.run.dir={tmp_path / 'read-only'}"]
-        again = subprocess.run(command(args), cwd=tmp_path, env=cli_env(cache), capture_output=True, text=True,
-                               timeout=300)
-        assert again.returncode == 0, again.stderr[-3000:]
+        yield True
+    finally:
+        data[0].effective = saved
+        assert libc.capset(ctypes.byref(header), data) == 0
+
+
+def set_writable(root: Path, writable: bool) -> None:
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        path.chmod(mode | stat.S_IWUSR if writable else mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+
+
+def test_a_read_only_populated_cache_is_used_without_writing(tmp_path):
+    """What a user meets on a shared cache that someone else populated: every file and folder without write
+    permission (chmod; for root, with the capability that overrides modes dropped). A whole run in this
+    process first populates the cache, a second runs on it read-only."""
+    from drivebench.app import main
+
+    cache = tmp_path / "cache"
+    main(config(cache, tmp_path / "populate", *QCNET))
+    assert any(cache.rglob("*.parquet")) and (cache / "preprocessed").is_dir()
+    set_writable(cache, False)
+    try:
+        with file_modes_apply_to_root() as applies:
+            probe = cache / "preprocessed" / "probe"
+            try:
+                probe.touch()
+                writes = True
+            except PermissionError:
+                writes = False
+            if not applies or writes:
+                pytest.skip("file modes do not stop this process from writing (root without capset)")
+            summary = main(config(cache, tmp_path / "read-only", *QCNET))
+        assert summary["run"]["status"] == "completed" and summary["train"]["samples"] > 0
         assert json.loads((tmp_path / "read-only" / "summary.json").read_text())["run"]["status"] == "completed"
     finally:
-        subprocess.run(["umount", "-l", str(cache)], capture_output=True)
+        set_writable(cache, True)
 
 
 # ---- the checkpoint size the preflight and the first save check -------------------------------------------------
@@ -236,21 +346,25 @@ def test_the_first_save_measures_and_stops_a_run_that_cannot_fit(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
-def test_the_preflight_refuses_a_directory_the_checkpoints_would_not_fit(tmp_path, cache):
+def test_the_preflight_refuses_a_directory_the_checkpoints_would_not_fit(tmp_path, cache, capsys):
     """QCNet test: 6.8 MB checkpoints, 1.95 MB of parameters. 3 x the parameter bytes x (keep_last_k + 1) =
     17.6 MB fitted a 19 MiB tmpfs, where the third checkpoint then failed; the estimate from the state dict
-    (3 x 6.9 MB) does not, and the run stops before its first step."""
+    (3 x 6.9 MB) does not, and the run (drivebench.app.main, in this process) stops before its first step
+    with one line and exit 2. Free space is what is checked: this needs a filesystem that small (a mount)."""
+    from drivebench.app import main
+
     mount = tmp_path / "tmpfs"
     mount.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=19m", "tmpfs", str(mount)],
                       capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
+        pytest.skip("cannot mount a tmpfs here (the preflight reads the free space of a small filesystem)")
     try:
-        args = [*TRAIN, "bench.steps=6", "ckpt.every_n_steps=2", f"ckpt.dir={mount / 'ckpt'}",
-                f"hydra.run.dir={tmp_path / 'run'}"]
-        done = subprocess.run(command(args), cwd=tmp_path, env=cli_env(cache), capture_output=True, text=True,
-                              timeout=300)
-        line = one_error_line(done)
+        cfg = config(cache, tmp_path / "run", *TRAIN, "bench.steps=6", "ckpt.every_n_steps=2",
+                     f"ckpt.dir={mount / 'ckpt'}")
+        with pytest.raises(SystemExit) as exited:
+            main(cfg)
+        assert exited.value.code == 2
+        line = one_error_line_in_process(capsys.readouterr().err)
         assert line.startswith(f"drivebench: error: ckpt.dir={mount / 'ckpt'} has 19 MiB free but the checkpoints "
                                "of this run need about 20 MiB")
         assert not list((mount / "ckpt").glob("step-*"))

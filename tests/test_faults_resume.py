@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import resource
 import signal
+import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,7 +24,7 @@ from drivebench.ckpt.identity import RunIdentity, differences, training_values
 from drivebench.ckpt.resume import resolve_resume
 from drivebench.ckpt.store import parse_name
 from drivebench.errors import ConfigError
-from test_ckpt_cli_helpers import (TRAIN, losses, run_cli, shared_cache, start_training, step_file, summary, train,
+from test_ckpt_cli_helpers import (TRAIN, losses, run_cli, shared_cache, start_training, step_file, summary,
                                    wait_for_step)
 
 
@@ -104,60 +106,80 @@ def test_resume_garbage_exits_2_before_any_work(tmp_path, cache):
     assert "preprocess" not in done.stderr  # refused before data preparation
 
 
-# ---- resume=auto: only its own training; resume=<path>: explicit, with the differences --------------------------
-def test_resume_auto_passes_over_other_training_and_an_explicit_path_says_what_differs(tmp_path, cache):
-    outputs = tmp_path / "outputs"
-    outputs.mkdir()
-    other = outputs / "other"  # an unrelated run: other gradient clipping (and another budget)
-    train(other, cache, "trainer.gradient_clip_val=1.0", "ckpt.every_n_steps=2", f"paths.outputs_root={outputs}",
-          steps=4)
-    theirs = step_file(other / "checkpoints", 4)
-
-    fresh = outputs / "fresh"  # nothing of its own training anywhere: starts fresh, and says so
-    done = train(fresh, cache, "ckpt.every_n_steps=2", "resume=auto", f"paths.outputs_root={outputs}", steps=2)
-    record = summary(fresh)["run"]
-    assert record["resumed_from"] is None and sorted(losses(fresh)) == [0, 1]
-    assert "no checkpoint of qcnet/test/argoverse2 with this run's training" in done.stdout + done.stderr
-    assert parse_name(step_file(fresh / "checkpoints", 2).name)[1] != parse_name(theirs.name)[1]
-
-    explicit = outputs / "explicit"
-    done = train(explicit, cache, "ckpt.every_n_steps=2", f"resume={theirs}", f"paths.outputs_root={outputs}",
-                 steps=6)
-    record = summary(explicit)["run"]
-    assert record["resumed_from"] == str(theirs) and sorted(losses(explicit)) == [4, 5]
-    assert record["resume"]["differs"] == ["trainer.gradient_clip_val: 1.0 -> null"]
-    assert "bench.steps: 4 -> 6" in record["resume"]["also_differs"]
-    printed = [line for line in (done.stdout + done.stderr).splitlines()
-               if "trainer.gradient_clip_val: 1.0 -> null" in line]
-    assert printed and f"resume={theirs}" in printed[0]
-    assert record["run_id"] != parse_name(theirs.name)[2]  # other training: a run of its own
-    assert not any(p.name.startswith("step-00000006") for p in (other / "checkpoints").iterdir())
-
-
+# ---- one run of other training, stopped by a failed write: the checkpoints the resume tests share -------------
 def _ignore_sigxfsz() -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
-def test_the_failed_write_advice_is_true(tmp_path, cache):
-    """A save fails (file-size limit, EFBIG); the message names the checkpoint to continue and two ways:
-    the same ckpt.dir with resume=auto, or another ckpt.dir with resume=<that checkpoint>. Both work."""
-    ckpt_dir = tmp_path / "ckpt"
-    proc = start_training(tmp_path / "failed", cache, f"ckpt.dir={ckpt_dir}", "ckpt.every_n_steps=3", steps=100,
+@pytest.fixture(scope="module")
+def failed_run(tmp_path_factory, cache) -> SimpleNamespace:
+    """A run under ``outputs/`` of other training than the default (gradient clipping 1.0), checkpointing every
+    3 steps, whose second save fails (a file-size limit set after its first: EFBIG). Its step-3 checkpoint is
+    what the tests below continue, pass over, or are told to continue."""
+    root = tmp_path_factory.mktemp("resume")
+    outputs = root / "outputs"
+    ckpt_dir = outputs / "failed" / "checkpoints"
+    proc = start_training(outputs / "failed", cache, "trainer.gradient_clip_val=1.0", f"ckpt.dir={ckpt_dir}",
+                          "ckpt.every_n_steps=3", f"paths.outputs_root={outputs}", steps=100,
                           preexec_fn=_ignore_sigxfsz)
     first = wait_for_step(ckpt_dir, 3, proc)
     resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (first.stat().st_size // 2, resource.RLIM_INFINITY))
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 1
-    (line,) = [x for x in err.splitlines() if x.startswith("drivebench: error:")]
+    return SimpleNamespace(root=root, outputs=outputs, ckpt_dir=ckpt_dir, first=first, returncode=proc.returncode,
+                           stderr=err)
+
+
+def side_by_side(cache: Path, *runs: tuple[Path, list[str], int]) -> list[subprocess.CompletedProcess]:
+    """Training runs ``(run_dir, overrides, steps)`` at once (two cores, one thread each); each must succeed."""
+    procs = [start_training(run_dir, cache, *extra, steps=steps) for run_dir, extra, steps in runs]
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{' '.join(proc.args)} failed:\n{out[-2000:]}\n{err[-3000:]}"
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
+
+
+# ---- resume=auto: only its own training; resume=<path>: explicit, with the differences --------------------------
+def test_resume_auto_passes_over_other_training_and_an_explicit_path_says_what_differs(failed_run, cache):
+    outputs, theirs = failed_run.outputs, failed_run.first
+    fresh = outputs / "fresh"  # nothing of its own training anywhere under outputs/: starts fresh, and says so
+    explicit = failed_run.root / "explicit"  # outside outputs/: fresh's resume=auto must not see it, running beside
+    fresh_done, explicit_done = side_by_side(
+        cache, (fresh, ["ckpt.every_n_steps=3", "resume=auto", f"paths.outputs_root={outputs}"], 2),
+        (explicit, ["ckpt.every_n_steps=3", f"resume={theirs}"], 6))
+
+    record = summary(fresh)["run"]
+    assert record["resumed_from"] is None and sorted(losses(fresh)) == [0, 1]
+    assert "no checkpoint of qcnet/test/argoverse2 with this run's training" in fresh_done.stdout + fresh_done.stderr
+
+    record = summary(explicit)["run"]
+    assert record["resumed_from"] == str(theirs) and sorted(losses(explicit)) == [3, 4, 5]
+    assert record["resume"]["differs"] == ["trainer.gradient_clip_val: 1.0 -> null"]
+    assert "bench.steps: 100 -> 6" in record["resume"]["also_differs"]
+    printed = [line for line in (explicit_done.stdout + explicit_done.stderr).splitlines()
+               if "trainer.gradient_clip_val: 1.0 -> null" in line]
+    assert printed and f"resume={theirs}" in printed[0]
+    assert record["run_id"] != parse_name(theirs.name)[2]  # other training: a run of its own
+    assert parse_name(step_file(explicit / "checkpoints", 6).name)[2] == record["run_id"]
+    assert not [p for p in failed_run.ckpt_dir.iterdir() if record["run_id"] in p.name]  # theirs untouched
+
+
+def test_the_failed_write_advice_is_true(failed_run, cache):
+    """A save fails (file-size limit, EFBIG); the message names the checkpoint to continue and two ways:
+    the same ckpt.dir with resume=auto, or another ckpt.dir with resume=<that checkpoint>. Both work."""
+    first, ckpt_dir = failed_run.first, failed_run.ckpt_dir
+    assert failed_run.returncode == 1
+    (line,) = [x for x in failed_run.stderr.splitlines() if x.startswith("drivebench: error:")]
     assert f"resume={first}" in line and "resume=auto and the same ckpt.dir" in line, line
 
-    elsewhere = tmp_path / "elsewhere"
-    moved = tmp_path / "moved"
-    train(moved, cache, f"ckpt.dir={elsewhere}", "ckpt.every_n_steps=3", f"resume={first}", steps=6)
+    same = ["trainer.gradient_clip_val=1.0", "ckpt.every_n_steps=3"]  # the failed run's training
+    elsewhere, moved, again = failed_run.root / "elsewhere", failed_run.root / "moved", failed_run.root / "again"
+    side_by_side(cache, (moved, [*same, f"ckpt.dir={elsewhere}", f"resume={first}"], 6),
+                 (again, [*same, f"ckpt.dir={ckpt_dir}", "resume=auto"], 6))
     record = summary(moved)["run"]
     assert record["resumed_from"] == str(first) and sorted(losses(moved)) == [3, 4, 5]
     assert step_file(elsewhere, 6).name == first.name.replace("00000003", "00000006")  # the same run, continued
-
-    again = tmp_path / "again"
-    train(again, cache, f"ckpt.dir={ckpt_dir}", "ckpt.every_n_steps=3", "resume=auto", steps=6)
-    assert summary(again)["run"]["resumed_from"] == str(first)
+    record = summary(again)["run"]
+    assert record["resumed_from"] == str(first) and sorted(losses(again)) == [3, 4, 5]
+    assert step_file(ckpt_dir, 6).name == first.name.replace("00000003", "00000006")

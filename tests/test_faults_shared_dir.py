@@ -22,8 +22,7 @@ import pytest
 from drivebench.ckpt.checkpoint_io import StorageCheckpointIO
 from drivebench.ckpt.identity import RunIdentity
 from drivebench.ckpt.store import CheckpointStore, parse_name
-from test_ckpt_cli_helpers import (checkpoint_files, losses, shared_cache, start_training, summary, train,
-                                   wait_for_step)
+from test_ckpt_cli_helpers import checkpoint_files, losses, shared_cache, start_training, summary, train
 
 
 @pytest.fixture(scope="module")
@@ -45,33 +44,54 @@ def by_run(ckpt_dir: Path) -> dict[str, list[int]]:
     return {run: sorted(steps) for run, steps in runs.items()}
 
 
-def test_a_fresh_run_beside_an_older_run_keeps_both_and_resume_auto_continues_its_own(tmp_path, cache):
+def test_a_fresh_run_beside_an_older_run_keeps_both_a_second_live_run_is_refused_and_resume_auto_continues(
+        tmp_path, cache):
+    """One directory, three runs: an older run's finished checkpoints; a fresh run of other training that a
+    second live run may not join (refused in one line while the fresh run holds the directory: stopped with
+    SIGSTOP, still alive) and that is then killed; resume=auto continuing the killed run, not the older one."""
     shared = tmp_path / "shared"
     older = tmp_path / "older"
     train(older, cache, f"ckpt.dir={shared}", "ckpt.every_n_steps=2", "ckpt.keep_last_k=0", "seed=1", steps=8)
     older_files = {name: digest(shared / name) for name in checkpoint_files(shared) if name.startswith("step-")}
     assert len(older_files) == 4  # steps 2, 4, 6, 8
 
-    # a fresh run of other training (another seed) in the same directory, killed after its step 4
+    # a fresh run of other training (another seed) in the same directory
     fresh = tmp_path / "fresh"
     proc = start_training(fresh, cache, f"ckpt.dir={shared}", "ckpt.every_n_steps=2", "seed=2", steps=100)
+    wait_for_step_of_run(shared, 2, exclude=set(older_files), proc=proc)
+    second = start_training(tmp_path / "second", cache, f"ckpt.dir={shared}", "ckpt.every_n_steps=2", "seed=5",
+                            steps=4)  # starts up while the fresh run trains on
     wait_for_step_of_run(shared, 4, exclude=set(older_files), proc=proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
+    proc.send_signal(signal.SIGSTOP)  # alive, holding the directory, writing nothing more
+    try:
+        _, err = second.communicate(timeout=240)
+        assert second.returncode == 2, err[-3000:]
+        errors = [line for line in err.splitlines() if line.startswith("drivebench: error:")]
+        assert len(errors) == 1 and "Traceback" not in err
+        assert errors[0].startswith(f"drivebench: error: ckpt.dir={shared} is in use by another live run "
+                                    f"(pid {proc.pid} ")
+        assert "its own ckpt.dir=" in errors[0]
+        assert not losses(tmp_path / "second")  # refused before its first step
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
     runs = by_run(shared)
     (older_id,) = {parse_name(n)[2] for n in older_files}
-    (fresh_id,) = set(runs) - {older_id}
-    assert runs[older_id] == [2, 4, 6, 8]  # the older run's later steps do not make it prune its own
-    assert runs[fresh_id][-1] == 4 and len(runs[fresh_id]) <= 2  # keep_last_k=2 of its own
+    (fresh_id,) = set(runs) - {older_id}  # the second run wrote nothing
+    last = runs[fresh_id][-1]
+    assert 4 <= last < 8  # below the older run's later steps ...
+    assert runs[older_id] == [2, 4, 6, 8]  # ... which do not make it prune its own
+    assert len(runs[fresh_id]) <= 2  # keep_last_k=2 of its own
     assert {name: digest(shared / name) for name in older_files} == older_files  # untouched, byte for byte
 
     # resume=auto continues the killed run (seed 2), not the older run's higher step
     resumed = tmp_path / "resumed"
-    train(resumed, cache, f"ckpt.dir={shared}", "ckpt.every_n_steps=2", "seed=2", "resume=auto", steps=6)
+    train(resumed, cache, f"ckpt.dir={shared}", "ckpt.every_n_steps=2", "seed=2", "resume=auto", steps=last + 2)
     record = summary(resumed)["run"]
-    assert parse_name(Path(record["resumed_from"]).name)[:1] == (4,) and record["run_id"] == fresh_id
-    assert sorted(losses(resumed)) == [4, 5]
-    assert by_run(shared) == {older_id: [2, 4, 6, 8], fresh_id: [4, 6]}  # its run continued: pruned as one
+    assert parse_name(Path(record["resumed_from"]).name)[:1] == (last,) and record["run_id"] == fresh_id
+    assert sorted(losses(resumed)) == [last, last + 1]
+    assert by_run(shared) == {older_id: [2, 4, 6, 8], fresh_id: [last, last + 2]}  # its run continued: pruned as one
     assert {name: digest(shared / name) for name in older_files} == older_files
 
 
@@ -84,26 +104,6 @@ def wait_for_step_of_run(ckpt_dir: Path, step: int, exclude: set[str], proc: sub
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, f"no step {step} of the new run in {ckpt_dir}"
         time.sleep(0.02)
-
-
-def test_a_second_live_run_on_a_directory_is_refused_in_one_line(tmp_path, cache):
-    shared = tmp_path / "shared"
-    first = start_training(tmp_path / "first", cache, f"ckpt.dir={shared}", "ckpt.every_n_steps=2", steps=200)
-    wait_for_step(shared, 2, first)
-    second = train(tmp_path / "second", cache, f"ckpt.dir={shared}", "ckpt.every_n_steps=2", "seed=5", steps=4,
-                   expect_ok=False)
-    assert second.returncode == 2, second.stderr[-3000:]
-    errors = [line for line in second.stderr.splitlines() if line.startswith("drivebench: error:")]
-    assert len(errors) == 1 and "Traceback" not in second.stderr
-    assert errors[0].startswith(f"drivebench: error: ckpt.dir={shared} is in use by another live run (pid {first.pid} ")
-    assert "its own ckpt.dir=" in errors[0]
-    assert not losses(tmp_path / "second")  # refused before its first step
-    assert first.poll() is None  # the first run goes on, its files untouched by the second
-    first.send_signal(signal.SIGTERM)
-    _, err = first.communicate(timeout=120)
-    assert first.returncode == 143, err[-3000:]
-    (run_id,) = by_run(shared)
-    assert summary(tmp_path / "first")["run"]["run_id"] == run_id
 
 
 def test_partial_files_are_unique_per_writer(tmp_path):
