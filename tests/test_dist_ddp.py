@@ -259,7 +259,7 @@ def test_torchrun_multirun_keeps_one_sweep_dir_and_runs_every_job(drivebench, tm
 
 
 def test_a_dead_or_stuck_rank_stops_the_run_naming_it(drivebench, tmp_path):
-    """Three runs side by side (the stuck one mostly waits): rank 1 exits abruptly after step 2 in one,
+    """Three runs, two at a time (the stuck one mostly waits): rank 1 exits abruptly after step 2 in one,
     stops responding after step 2 in another; in the third rank 0, the process that launched rank 1, exits
     abruptly (as the OOM killer would end it), and rank 1 says so by name. Hard time limits: a hang fails
     the test."""
@@ -269,17 +269,27 @@ def test_a_dead_or_stuck_rank_stops_the_run_naming_it(drivebench, tmp_path):
     args = [*RUN, *DDP, "trainer.max_steps=200", f"dist.timeout_minutes={timeout_s / 60}"]
     fault = {"DRIVEBENCH_FAULT_EXIT_RANK": "1", "DRIVEBENCH_FAULT_EXIT_STEP": "2"}
     runs = {}
-    for kind, extra in (("dead", {}), ("stuck", {"DRIVEBENCH_FAULT_HANG": "1"}),
-                        ("rank0", {"DRIVEBENCH_FAULT_EXIT_RANK": "0"})):
+
+    def start(kind: str, extra: dict[str, str]) -> None:
         cwd = tmp_path / kind
         cwd.mkdir()
         runs[kind] = (time.monotonic(), subprocess.Popen(
             [sys.executable, "-m", "drivebench", *args, f"hydra.run.dir={cwd / 'run'}"], cwd=cwd,
             env=drivebench.env(cwd, {**fault, **extra}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+
     outcome = {}
-    for kind, (started, proc) in runs.items():
+
+    def finish(kind: str) -> None:
+        started, proc = runs[kind]
         _, err = proc.communicate(timeout=150)  # until every rank has closed the pipes (rank 1 outlives rank 0)
         outcome[kind] = (proc.returncode, err, time.monotonic() - started, proc.pid)
+
+    start("dead", {})
+    start("stuck", {"DRIVEBENCH_FAULT_HANG": "1"})
+    finish("dead")
+    start("rank0", {"DRIVEBENCH_FAULT_EXIT_RANK": "0"})  # while the stuck run waits out its timeout
+    finish("stuck")
+    finish("rank0")
 
     code, err, elapsed, _ = outcome["dead"]
     assert code != 0 and "fault injection: rank 1 exits abruptly" in err
