@@ -51,7 +51,12 @@ def main(argv: list[str] | None = None) -> None:
 
     args = [*quote_storage_dirs(pop_local_rank(args)), *external_rank_overrides()]
     try:
-        check_command_line(args)  # a bad override: one line and exit 2, before Hydra makes a run directory
+        jobs = check_command_line(args)  # a bad override: one line and exit 2, before Hydra makes a run directory
+        if jobs:
+            from drivebench.app import check_before_start
+
+            for job in jobs:  # a bad value or combination (the run's own checks): the same, before any job
+                check_before_start(job)
     except ConfigError as err:
         print(f"drivebench: error: {err}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)

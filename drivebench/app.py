@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import warnings
 import time
@@ -19,6 +20,7 @@ from typing import Any
 import lightning.pytorch as pl
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
@@ -29,13 +31,14 @@ from drivebench.accel.threads import ThreadBudget
 from drivebench.ckpt.store import CheckpointWriteError
 from drivebench.data.datamodule import DriveDataModule
 from drivebench.data.device_transfer import DeviceTransform
-from drivebench.dist import DistJob, apply_p2p, build_strategy, patch_rank_launch_command, resolve_devices
-from drivebench.errors import ConfigError
+from drivebench.dist import DistJob, RankFailed, apply_p2p, build_strategy, patch_rank_launch_command, resolve_devices
+from drivebench.errors import ConfigError, DataError, data_error_in_worker
 from drivebench.lit.base import DriveModule
 from drivebench.models.registry import get_spec
 from drivebench.perf.machine import MachineInfo, detect_machine
 from drivebench.schemas import check as check_schemas
 from drivebench.secrets import redact, redact_text, scrub_hydra_dir, secret_values
+from drivebench.signals import STOP, Interrupted
 
 log = logging.getLogger("drivebench")
 
@@ -126,9 +129,71 @@ def _validate(cfg: DictConfig) -> None:
     if OmegaConf.select(cfg, "callbacks.step_timer") is None:
         raise ConfigError("callbacks.step_timer=null is not valid: the step timer is the benchmark's clock "
                           "(every figure of summary.json comes from it); remove other callbacks, not this one")
+    if not isinstance(cfg.seed, int):
+        raise ConfigError(f"seed={cfg.seed!r} is not valid; use a whole number")
+    requeue = cfg.get("requeue", False)
+    if not isinstance(requeue, bool):
+        raise ConfigError(f"requeue={requeue!r} is not valid; use true or false")
+    if requeue and cfg.get("resume") != "auto":
+        raise ConfigError(f"requeue=true restarts this command after a SIGUSR1 stop, which then continues only with "
+                          f"resume=auto (resume={cfg.get('resume')}); add resume=auto")
     if OmegaConf.is_missing(cfg.ckpt, "dir"):
         raise ConfigError(f"ckpt={cfg.ckpt.name} needs a destination: ckpt.dir=<directory or fsspec URL, "
                           "e.g. s3://bucket/run>")
+    lr = OmegaConf.select(cfg, "model.optimizer.lr")
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0):
+        raise ConfigError(f"model.optimizer.lr={lr!r} is not valid; use a learning rate >= 0")
+
+
+# paths that must be (or become) directories: naming a file would fail where the run first writes there
+_DIRECTORIES = ("hydra.run.dir", "hydra.sweep.dir", "paths.cache", "paths.outputs_root", "ckpt.dir")
+
+
+def check_before_start(cfg: DictConfig) -> None:
+    """Every check a run makes of its config before any work, made before Hydra starts the job (the
+    ``drivebench`` command runs it on each job it composed, with ``return_hydra_config``): the values
+    (:func:`validate`), the bench's and the data source's arguments, the accel knobs and the devices
+    against this machine (the fused optimizer with clipping too), the directories, a local ``resume=<path>``. ConfigError (one line) for the first
+    that fails; builds nothing that stays."""
+    from drivebench.ckpt.resume import read_checkpoint
+
+    validate(cfg)
+    build(cfg.bench)
+    _check_directories(cfg)
+    build(cfg.data.source)
+    machine = detect_machine(cfg.machine.accelerator)
+    accelerator = "gpu" if machine.accelerator == "cuda" else "cpu"
+    processes = resolve_devices(cfg.dist, len(machine.gpus), accelerator)
+    accel_cfg = OmegaConf.to_container(cfg.accel, resolve=True)
+    accel = AccelSettings.resolve(accel_cfg, machine, processes)
+    accel.thread_budget(accel_cfg["threads"], machine, processes)
+    accel.settle_fused_optimizer(accel_cfg["fused_optimizer"], OmegaConf.select(cfg, "trainer.gradient_clip_val"))
+    if cfg.dist.strategy == "ddp":
+        apply_p2p(cfg.dist.get("p2p", "auto"), cache_dir=cfg.paths.cache, environ={})
+        build_strategy(cfg.dist, accelerator)
+    resume = cfg.get("resume")
+    if resume not in (None, "", "none", "auto") and "://" not in str(resume):
+        if not Path(str(resume)).expanduser().is_file():
+            raise ConfigError(f"resume={resume} does not exist (or is not a file); give a step-*.ckpt file that a "
+                              "drivebench run wrote, or resume=auto")
+        read_checkpoint(str(Path(str(resume)).expanduser()))  # memory-mapped: its pickle only
+
+
+def _check_directories(cfg: DictConfig) -> None:
+    for key in _DIRECTORIES:
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+        except InterpolationResolutionError:  # ${hydra:runtime.output_dir}: inside hydra.run.dir, checked
+            continue
+        if value is None or "://" in str(value):
+            continue
+        path = Path(str(value)).expanduser()
+        for part in (path, *path.parents):
+            if part.exists():
+                if not part.is_dir():
+                    what = "names a file" if part == path else f"is inside {part}, a file"
+                    raise ConfigError(f"{key}={value} {what}; it must be a directory: choose another {key}")
+                break
 
 
 def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
@@ -229,8 +294,10 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     output_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(cfg.paths.output_dir)
     scrub_hydra_dir(output_dir)  # Hydra saved the raw config: take credentials out of it
     patch_rank_launch_command()
+    STOP.install()  # SIGTERM / SIGINT / SIGUSR1: stop at a step boundary, checkpoint, summary, exit 128 + signal
     try:
         with DistJob() as job:
+            STOP.forward_to.append(job.rank_processes)
             bench = build(cfg.bench)  # first: its arguments are checked before the run is built
             started = time.time()
             trial = None
@@ -245,7 +312,13 @@ def main(cfg: DictConfig) -> dict[str, Any]:
             if trial is not None:
                 run.autotune, run.started = tuned, started  # the run's wall time includes its trial
             return bench.run(run)
-    except ConfigError as err:
+    except Interrupted as stop:
+        _exit_interrupted(stop)
+    except KeyboardInterrupt:  # SIGINT before the handler was installed, or from a library's own handler
+        _exit_interrupted(Interrupted(signal.SIGINT))
+    except SIGTERMException:  # Lightning's SIGTERM handling, if it ever runs before ours (a SystemExit)
+        _exit_interrupted(Interrupted(signal.SIGTERM))
+    except (ConfigError, DataError) as err:
         print(f"drivebench: error: {err}", file=sys.stderr)
         sys.exit(2)
     except CheckpointWriteError as err:
@@ -253,8 +326,18 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         # print the raw command-line overrides, credentials included)
         print(f"drivebench: error: {err}", file=sys.stderr)
         sys.exit(1)
+    except RankFailed as err:  # another rank died: its name is the message (the collective that noticed is not)
+        if logging.getLogger().handlers:  # the run's log (a rank process Lightning launched has none)
+            log.error("run failed: %s", err)
+        print(f"drivebench: error: {err}", file=sys.stderr)
+        sys.exit(1)
     except Exception as err:  # a bug or an environment failure: full traceback to the run's log only
         secrets = secret_values(OmegaConf.select(cfg, "ckpt.storage_options"))
+        bad_data = data_error_in_worker(err)
+        if bad_data is not None:  # a DataError raised in a loader worker: torch re-raises it as text
+            log.error("run failed: %s", redact_text(bad_data, secrets))  # the worker's traceback is noise here
+            print(f"drivebench: error: {redact_text(bad_data, secrets)}", file=sys.stderr)
+            sys.exit(2)
         log.exception("run failed")
         where = output_dir / "__main__.log"
         print(f"drivebench: error: {type(err).__name__}: {redact_text(str(err), secrets)[:2000]}\n"
@@ -262,3 +345,15 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         sys.exit(1)
+    finally:
+        STOP.forward_to.clear()
+        STOP.restore()
+
+
+def _exit_interrupted(stop: Interrupted) -> None:
+    """One line (global rank 0 only: every rank stops), then exit with 128 + the signal's number."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    if getattr(rank_zero_only, "rank", 0) == 0:
+        print(stop.line(), file=sys.stderr, flush=True)
+    sys.exit(stop.exit_code)

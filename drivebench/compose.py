@@ -46,8 +46,9 @@ def compose(overrides: list[str], config_name: str = "config", return_hydra_conf
     return cfg
 
 
-def check_command_line(argv: list[str]) -> None:
+def check_command_line(argv: list[str]) -> list[DictConfig]:
     """Compose each job that ``argv`` (Hydra's own command line) asks for; ConfigError for the first that fails.
+    Returns the jobs' configs (with their ``hydra`` node), for checks that need more than the schemas.
 
     Left to Hydra: its flags that compose nothing (``--help``, ``--info``, shell completion) and the ones
     that change where configs come from (``--config-path``, ``--config-dir``, ``--experimental-rerun``).
@@ -59,14 +60,13 @@ def check_command_line(argv: list[str]) -> None:
     try:
         args = get_args_parser().parse_args(argv)
     except SystemExit:  # not a command line Hydra accepts: let Hydra print its usage
-        return
+        return []
     if (args.help or args.hydra_help or args.info or args.shell_completion or args.config_path
             or args.config_dir or args.experimental_rerun):
-        return
+        return []
     name = args.config_name or "config"
     jobs = sweep_jobs(args.overrides, name) if args.multirun else [args.overrides]
-    for job in jobs:
-        compose(job, name)
+    return [compose(job, name, return_hydra_config=True) for job in jobs]
 
 
 def sweep_jobs(overrides: list[str], config_name: str = "config") -> list[list[str]]:

@@ -266,7 +266,7 @@ def dead_rank_message(procs: list[subprocess.Popen], wait_s: float = 0.0) -> str
     while True:
         for local_rank, proc in enumerate(procs, start=1):
             code = proc.poll()
-            if code in (None, 0) or proc.pid in _KILLED:
+            if code in (None, 0) or proc.pid in _KILLED or _stopped_on_signal(code):
                 continue
             how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
             rank = _global_rank(local_rank, len(procs) + 1)
@@ -275,6 +275,14 @@ def dead_rank_message(procs: list[subprocess.Popen], wait_s: float = 0.0) -> str
         if time.monotonic() >= deadline or all(proc.poll() is not None for proc in procs):
             return None
         time.sleep(0.1)
+
+
+def _stopped_on_signal(code: int) -> bool:
+    """A rank's exit status that is this run's stop on a signal (128 + signal, or killed by it), not a failure."""
+    from drivebench.signals import STOP, exit_code
+
+    signum = STOP.stopping()
+    return signum is not None and code in (exit_code(signum), -signum)
 
 
 def kill_ranks(procs: list[subprocess.Popen]) -> None:
@@ -322,6 +330,49 @@ class RankFailed(RuntimeError):
     """A rank process of this run died; the message names it."""
 
 
+def lightning_launched_rank(environ: dict[str, str] | None = None) -> bool:
+    """Is this process a rank that Lightning's launcher started (its parent is the node's rank-0 process)?"""
+    env = os.environ if environ is None else environ
+    local = env.get("LOCAL_RANK", "")
+    return local.isdigit() and int(local) > 0 and "WORLD_SIZE" in env and not launched_externally(env)
+
+
+def launcher_gone_message(launcher_pid: int, local_rank: int) -> str:
+    node_zero = _global_rank(0, 1) if os.environ.get("NODE_RANK") in (None, "", "0") else None
+    name = f"rank {node_zero}" if node_zero is not None else "this node's first rank"
+    me = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() \
+        else local_rank
+    return (f"{name} (pid {launcher_pid}, the process that launched this one) ended during the run without a "
+            f"word: killed (SIGKILL, the OOM killer) or crashed; rank {me} stopped because its peer is gone")
+
+
+class LauncherWatch(threading.Thread):
+    """In a rank Lightning launched: if the launching process (the node's rank 0) disappears, say so by name.
+
+    Why: with rank 0 killed, the other ranks fail in their next collective with gloo's "Connection reset by
+    peer" (or, on NCCL, wait until dist.timeout_minutes). The main thread's error is replaced by the name
+    (:class:`DistJob`); if it is stuck instead, this thread ends the process after ``grace_s``.
+    """
+
+    def __init__(self, launcher_pid: int, local_rank: int, poll_s: float = 1.0, grace_s: float = 10.0) -> None:
+        super().__init__(daemon=True, name="drivebench-launcher-watch")
+        self.launcher_pid = launcher_pid
+        self.local_rank = local_rank
+        self.poll_s = poll_s
+        self.grace_s = grace_s
+
+    def gone(self) -> bool:
+        return os.getppid() != self.launcher_pid
+
+    def run(self) -> None:
+        while not self.gone():
+            time.sleep(self.poll_s)
+        time.sleep(self.grace_s)  # the main thread usually fails first and names rank 0 itself
+        print(f"drivebench: error: {launcher_gone_message(self.launcher_pid, self.local_rank)}", file=sys.stderr,
+              flush=True)
+        os._exit(1)
+
+
 class DistJob:
     """Context for one Hydra job: restores the environment and tears DDP down when the job ends."""
 
@@ -331,6 +382,10 @@ class DistJob:
         self.child_timeout_s = child_timeout_s
         self.failed_child_timeout_s = failed_child_timeout_s
         self.fault = ExitRankAtStep.from_env()
+        self.launcher: LauncherWatch | None = None
+        if lightning_launched_rank():
+            self.launcher = LauncherWatch(os.getppid(), int(os.environ["LOCAL_RANK"]))
+            self.launcher.start()
 
     def __enter__(self) -> "DistJob":
         return self
@@ -349,8 +404,13 @@ class DistJob:
         return procs
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        from drivebench.signals import Interrupted
+
         procs = self.rank_processes()
-        failed = exc_type is not None and exc_type is not SystemExit
+        # a stop on a signal is not a failure: every rank stops at the same step (or on its own copy
+        # of the signal) and exits with 128 + its number; waiting for them is all there is to do
+        interrupted = exc_type is not None and issubclass(exc_type, Interrupted)
+        failed = exc_type is not None and exc_type is not SystemExit and not interrupted
         dead = dead_rank_message(procs, wait_s=3.0) if failed else None
         if failed:
             running = [(i, p.pid) for i, p in enumerate(procs, start=1) if p.poll() is None]
@@ -367,7 +427,7 @@ class DistJob:
                 torch.distributed.destroy_process_group()
             else:  # the same processes run the sweep's next job in the same group (see launched_externally)
                 _destroy_group_at_exit()
-        timeout_s = self.failed_child_timeout_s if failed else self.child_timeout_s
+        timeout_s = self.failed_child_timeout_s if failed or interrupted else self.child_timeout_s
         for proc in procs:
             try:
                 proc.wait(timeout=timeout_s)
@@ -379,6 +439,12 @@ class DistJob:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        if failed and self.launcher is not None:
+            deadline = time.monotonic() + 3.0  # the launcher's death may be a moment ahead of its reaping
+            while not self.launcher.gone() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if self.launcher.gone():
+                raise RankFailed(launcher_gone_message(self.launcher.launcher_pid, self.launcher.local_rank)) from exc
         if dead is None and not failed:
             dead = dead_rank_message(procs)  # rank 0 finished, but a rank failed (e.g. in its teardown)
         if dead is not None:

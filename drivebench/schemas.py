@@ -31,6 +31,46 @@ def _whole_or_auto(group: str, obj: Any, *keys: str) -> None:
             raise ConfigError(f"{group}.{key}={value!r} is not valid; use a whole number >= 0 or 'auto'")
 
 
+def _at_least(group: str, obj: Any, minimum: int, *keys: str, optional: bool = False) -> None:
+    """A whole number >= ``minimum`` (or null where ``optional``): counts, intervals, sizes."""
+    for key in keys:
+        value = getattr(obj, key)
+        if value is None and optional:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            null = " or null" if optional else ""
+            raise ConfigError(f"{group}.{key}={value!r} is not valid; use a whole number >= {minimum}{null}")
+
+
+def _positive(group: str, obj: Any, *keys: str, optional: bool = False, zero: bool = False) -> None:
+    """A number > 0 (>= 0 where ``zero``; or null where ``optional``): minutes, seconds, sizes, norms."""
+    for key in keys:
+        value = getattr(obj, key)
+        if value is None and optional:
+            continue
+        bad = isinstance(value, bool) or not isinstance(value, (int, float)) or (value < 0 if zero else value <= 0)
+        if bad:
+            null = " or null" if optional else ""
+            raise ConfigError(f"{group}.{key}={value!r} is not valid; use a number {'>=' if zero else '>'} 0{null}")
+
+
+def _one_of(group: str, obj: Any, key: str, choices: tuple[Any, ...]) -> None:
+    """One of ``choices``, of the same type (``true`` is no ``1``, ``"true"`` no ``true``)."""
+    value = getattr(obj, key)
+    if not any(type(c) is type(value) and c == value for c in choices):
+        words = ["null" if c is None else str(c).lower() if isinstance(c, bool) else str(c) for c in choices]
+        raise ConfigError(f"{group}.{key}={value!r} is not valid; choose one of: {', '.join(words)}")
+
+
+def resolve_profile(value: Any) -> int:
+    """``bench.profile``: steps to profile; 0, null or false = off."""
+    if value is None or value is False:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"bench.profile={value!r} is not valid; use a number of steps >= 1, or 0/null (off)")
+    return value
+
+
 def resolve_val_batches(value: Any) -> int | float:
     """``bench.val_batches``: a number of batches (0 = no validation) or ``all`` (Lightning's 1.0)."""
     if value == "all":
@@ -102,6 +142,9 @@ class TrainBenchConfig:
     def __post_init__(self) -> None:
         _whole_or_auto("bench", self, "warmup_steps", "steps", "ceiling_steps", "loader_batches")
         resolve_val_batches(self.val_batches)
+        _positive("bench", self, "max_minutes", optional=True)
+        _at_least("bench", self, 0, "ceiling_warmup_steps")
+        resolve_profile(self.profile)
 
 
 @dataclass
@@ -137,6 +180,11 @@ class CkptConfig:
     io: Any = MISSING        # the Trainer's CheckpointIO plugin (_target_)
     callback: Any = MISSING  # a Lightning callback (_target_) or null
 
+    def __post_init__(self) -> None:
+        _at_least("ckpt", self, 1, "every_n_steps", optional=True)
+        _positive("ckpt", self, "every_n_minutes", optional=True)
+        _at_least("ckpt", self, 0, "keep_last_k")
+
 
 # ---- dist: processes and devices (conf/dist/*.yaml) ---------------------------------------------------
 @dataclass
@@ -145,6 +193,18 @@ class SingleDistConfig:
     devices: Any = MISSING   # a whole number or auto
     num_nodes: int = MISSING
     strategy: str = MISSING
+
+    def __post_init__(self) -> None:
+        devices = self.devices
+        if devices != "auto" and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
+            raise ConfigError(f"dist.devices={devices!r} is not valid; use a whole number >= 1 or auto")
+        _at_least("dist", self, 1, "num_nodes")
+        if self.strategy != "ddp" and devices not in (1, "auto"):
+            raise ConfigError(f"dist.devices={devices} with dist={self.name} is not valid: dist={self.name} runs one "
+                              f"process; use dist=ddp dist.devices={devices}")
+        if self.strategy != "ddp" and self.num_nodes != 1:
+            raise ConfigError(f"dist.num_nodes={self.num_nodes} with dist={self.name} is not valid: dist={self.name} "
+                              f"runs one process; use dist=ddp dist.num_nodes={self.num_nodes}")
 
 
 @dataclass
@@ -155,6 +215,11 @@ class DDPDistConfig(SingleDistConfig):
     static_graph: bool = MISSING
     p2p: Any = MISSING       # auto | on | off | an NCCL_P2P_LEVEL (YAML reads on/off as booleans)
     timeout_minutes: float = MISSING
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _one_of("dist", self, "backend", (None, "nccl", "gloo", "mpi"))
+        _positive("dist", self, "timeout_minutes")
 
 
 # ---- data: the dataset (conf/data/*.yaml) -------------------------------------------------------------
@@ -167,12 +232,28 @@ class Argoverse2DataConfig:
     train_split: str = MISSING
     val_split: str = MISSING
 
+    def __post_init__(self) -> None:
+        if self.root is None:  # the embedded set: its sizes (a real root's size is what it holds)
+            sizes = _embedded_sizes(self.name)
+            if sizes and self.size not in sizes:
+                raise ConfigError(f"data.size={self.size!r} is not valid; choose one of: {', '.join(sizes)}")
+
 
 @dataclass
 class NuScenesDataConfig(Argoverse2DataConfig):
     version: Optional[str] = MISSING
     image_size: Optional[List[int]] = MISSING
     on_corrupt: str = MISSING
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _one_of("data", self, "on_corrupt", ("fail", "skip"))
+        if self.name == "nuscenes":
+            _one_of("data", self, "version", (None, "v1.0-mini", "v1.0-trainval", "v1.0-test"))
+        size = self.image_size
+        if size is not None and (len(size) != 2 or any(isinstance(v, bool) or v < 1 for v in size)):
+            raise ConfigError(f"data.image_size={list(size)} is not valid; use [width, height] in pixels, both >= 1, "
+                              "or null (the size's default)")
 
 
 @dataclass
@@ -209,6 +290,20 @@ class TrainerConfig:
     accumulate_grad_batches: int = MISSING
     deterministic: Any = MISSING             # true, false or "warn"
 
+    def __post_init__(self) -> None:
+        """Lightning's own rules, checked before any work (Lightning checks some only mid-run)."""
+        _at_least("trainer", self, -1, "max_epochs")
+        _at_least("trainer", self, -1, "max_steps", optional=True)
+        _at_least("trainer", self, 1, "log_every_n_steps", "accumulate_grad_batches")
+        _at_least("trainer", self, 1, "check_val_every_n_epoch", optional=True)
+        _positive("trainer", self, "gradient_clip_val", optional=True, zero=True)
+        interval = self.val_check_interval
+        if interval is not None and (isinstance(interval, bool) or not isinstance(interval, (int, float))
+                                     or interval <= 0 or (isinstance(interval, float) and interval > 1)):
+            raise ConfigError(f"trainer.val_check_interval={interval!r} is not valid; use a number of batches >= 1, "
+                              "a fraction of the epoch in (0, 1.0], or null")
+        _one_of("trainer", self, "deterministic", (True, False, "warn"))
+
     @classmethod
     def check_extra(cls, key: str, value: Any) -> None:
         """An appended ``+trainer.<key>``: any ``lightning.pytorch.Trainer`` argument the run does not set."""
@@ -242,6 +337,11 @@ class MachineConfig:
     mem_gb_per_gpu: Optional[float] = MISSING
     slurm: Optional[SlurmConfig] = MISSING
 
+    def __post_init__(self) -> None:
+        _one_of("machine", self, "accelerator", ("auto", "gpu", "cpu"))
+        _at_least("machine", self, 1, "gpus_per_node", "cpus_per_gpu", optional=True)
+        _positive("machine", self, "mem_gb_per_gpu", optional=True)
+
 
 # ---- the top level (conf/config.yaml) ------------------------------------------------------------------
 @dataclass
@@ -258,6 +358,7 @@ class DrivebenchConfig:
 
     seed: int = MISSING
     resume: Optional[str] = MISSING
+    requeue: bool = MISSING   # SLURM: requeue after a SIGUSR1 stop (needs resume=auto)
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: Any = MISSING
     data: Any = MISSING
@@ -331,9 +432,32 @@ def valid_keys(node: DictConfig) -> list[str]:
     return sorted(str(k) for k in node.keys())
 
 
+def _post_init(schema: type, node: DictConfig) -> None:
+    """Run ``schema.__post_init__`` (ConfigError) on the node's resolved values. A value that cannot be
+    resolved yet (``${hydra:runtime.output_dir}`` before Hydra runs the job) is left out of the check as
+    null, so the ``drivebench`` command checks a job before Hydra starts it."""
+    from omegaconf.errors import InterpolationResolutionError
+
+    def value_of(key: str) -> Any:
+        try:
+            value = OmegaConf.select(node, key, throw_on_resolution_failure=True, throw_on_missing=False)
+            return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+        except InterpolationResolutionError as err:
+            if "HydraConfig was not set" not in str(err):
+                raise
+            return None
+
+    obj = schema.__new__(schema)  # not through __init__: it would convert (and resolve) every value
+    for f in fields(schema):
+        setattr(obj, f.name, value_of(f.name))
+    obj.__post_init__()
+
+
 def check(cfg: DictConfig, prefix: str = "") -> None:
     """What Hydra's composition lets through: keys appended with ``+`` to a typed node, and the
     ``__post_init__`` checks of the ``auto``-or-number knobs. ConfigError (one line) for either."""
+    if not prefix:
+        check_combinations(cfg)
     for key in cfg.keys():
         if not prefix and key == "hydra":
             continue  # Hydra's own node (with return_hydra_config): Hydra checks it
@@ -354,5 +478,32 @@ def check(cfg: DictConfig, prefix: str = "") -> None:
                                       f"{', '.join(sorted(known))}")
                 schema.check_extra(name, value)
             if hasattr(schema, "__post_init__"):
-                OmegaConf.to_object(node)  # runs __post_init__ (ConfigError) on the resolved values
+                _post_init(schema, node)
         check(node, prefix=f"{path}.")
+
+
+def _embedded_sizes(data_name: str) -> list[str]:
+    """The sizes of a data family's embedded set (none for a family without one)."""
+    if data_name == "argoverse2":
+        from drivebench.data.argoverse2.generate import SIZES
+
+        return list(SIZES)
+    if data_name == "nuscenes":
+        from drivebench.data.nuscenes.generate import PRESETS
+
+        return list(PRESETS)
+    return []
+
+
+def check_combinations(cfg: DictConfig) -> None:
+    """The top level's values and what one group's choice asks of another (``data=nuscenes model=qcnet``:
+    QCNet reads Argoverse 2). ConfigError (one line)."""
+    seed = cfg.get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed < 2**32:
+        raise ConfigError(f"seed={seed} is not valid; use a whole number in [0, 2**32 - 1]")
+    family = OmegaConf.select(cfg, "model.data_family")
+    data = OmegaConf.select(cfg, "data.name")
+    if family is not None and data is not None and data != family:
+        model = OmegaConf.select(cfg, "model.name")
+        raise ConfigError(f"data={data} with model={model} is not valid: {model} reads {family} data; use "
+                          f"data={family} (the model's default: leave data unset)")

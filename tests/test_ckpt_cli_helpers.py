@@ -88,6 +88,34 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
         time.sleep(0.02)
 
 
+def step_file(ckpt_dir: Path, step: int) -> Path | None:
+    """The complete checkpoint of ``step`` in ``ckpt_dir`` (its name also carries the run's identity:
+    ``step-<step>-<fingerprint>-<run id>.ckpt``), or None."""
+    found = sorted(ckpt_dir.glob(f"step-{step:08d}*.ckpt")) if ckpt_dir.is_dir() else []
+    assert len(found) <= 1, f"several checkpoints of step {step} in {ckpt_dir}: {found}"
+    return found[0] if found else None
+
+
+def wait_for_step(ckpt_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 240) -> Path:
+    """Poll until the checkpoint of ``step`` is complete in ``ckpt_dir``; fail if the run ends first."""
+    deadline = time.monotonic() + timeout
+    while (found := step_file(ckpt_dir, step)) is None:
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the run ended (rc {proc.returncode}) before step {step}'s checkpoint appeared in "
+                        f"{ckpt_dir}:\n{out[-2000:]}\n{err[-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"step {step}'s checkpoint did not appear in {ckpt_dir} within {timeout} s")
+        time.sleep(0.02)
+    return found
+
+
+def checkpoint_files(ckpt_dir: Path) -> list[str]:
+    """The names in ``ckpt_dir`` but the run's lock file (``.drivebench.lock``, which stays)."""
+    return sorted(p.name for p in ckpt_dir.iterdir() if p.name != ".drivebench.lock")
+
+
 def summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from drivebench.ckpt.store import CheckpointStore, step_of
-from test_ckpt_cli_helpers import losses, shared_cache, start_training, train, wait_for
+from test_ckpt_cli_helpers import checkpoint_files, losses, shared_cache, start_training, train, wait_for_step
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +54,13 @@ def _assert_failed_cleanly(proc: subprocess.Popen, ckpt_dir: Path, reason: str) 
     assert reason in message and "the previous checkpoint is intact" in message
 
     store = CheckpointStore(str(ckpt_dir))
-    names = sorted(p.name for p in ckpt_dir.iterdir() if not p.name.startswith(".write-probe"))
+    names = [n for n in checkpoint_files(ckpt_dir) if not n.startswith(".write-probe")]
     assert failed.name not in names and not any(n.endswith(".partial") for n in names), names
     latest = store.latest_complete()
     assert latest is not None and step_of(Path(latest).name) < step_of(failed.name)
     state = store.load(latest)  # intact, and loadable the way resume loads it
     assert state["global_step"] == step_of(Path(latest).name)
+    assert f"resume={latest}" in message and "resume=auto" in message  # the advice names what to continue
     return out + err
 
 
@@ -69,8 +70,7 @@ def test_file_size_limit_mid_run_keeps_previous_checkpoint(tmp_path, cache):
     ckpt_dir = tmp_path / "ckpt"
     proc = start_training(tmp_path / "run", cache, f"ckpt.dir={ckpt_dir}", "ckpt.every_n_steps=3",
                           "+ckpt.storage_options.secret=TOPSECRET123", steps=100, preexec_fn=_children_ignore_sigxfsz)
-    first = ckpt_dir / "step-00000003.ckpt"
-    wait_for(first, proc)
+    first = wait_for_step(ckpt_dir, 3, proc)
     limit = first.stat().st_size // 2
     resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
     output = _assert_failed_cleanly(proc, ckpt_dir, "the disk is full (or a file-size limit was reached)")
@@ -96,8 +96,7 @@ def test_disk_full_mid_run_keeps_previous_checkpoint(tmp_path, cache, small_tmpf
     ckpt_dir = small_tmpfs / "ckpt"
     proc = start_training(tmp_path / "run", cache, f"ckpt.dir={ckpt_dir}", "ckpt.every_n_steps=3",
                           "ckpt.keep_last_k=1", steps=100)
-    first = ckpt_dir / "step-00000003.ckpt"
-    wait_for(first, proc)
+    first = wait_for_step(ckpt_dir, 3, proc)
     free = os.statvfs(small_tmpfs).f_bavail * os.statvfs(small_tmpfs).f_frsize
     filler = small_tmpfs / "filler"
     with open(filler, "wb") as fh:  # leave less than half a checkpoint free

@@ -17,8 +17,8 @@ import torch
 
 from drivebench.ckpt.checkpoint_io import FAULT_ENV
 from drivebench.ckpt.store import CheckpointStore, step_of
-from test_ckpt_cli_helpers import (assert_same_losses, loader_position, losses, scalars, shared_cache, start_training,
-                                   summary, train, wait_for)
+from test_ckpt_cli_helpers import (assert_same_losses, checkpoint_files, loader_position, losses, scalars, shared_cache,
+                                   start_training, step_file, summary, train, wait_for_step)
 
 STEPS = 12  # the mini set has 8 training batches per epoch: resumes land mid-epoch and on an epoch's end
 EVERY = 4
@@ -47,13 +47,14 @@ def reference(root, cache):
 
 
 def assert_only_complete_checkpoints(directory: Path) -> CheckpointStore:
-    """Every file under a final name loads; anything else is a dot-file ``.step-*.ckpt.partial``."""
+    """Every file under a final name loads; anything else is a dot-file ``.step-*.ckpt.<pid>.partial`` (or the
+    directory's lock)."""
     store = CheckpointStore(str(directory))
     for path in directory.iterdir():
         if step_of(path.name) is not None:
             assert store.loadable(str(path)), f"{path} is under a final name but does not load"
-        else:
-            assert path.name.startswith(".step-") and path.name.endswith(".ckpt.partial"), f"unexpected {path}"
+        elif path.name != ".drivebench.lock":
+            assert path.name.startswith(".step-") and path.name.endswith(".partial"), f"unexpected {path}"
     return store
 
 
@@ -62,14 +63,14 @@ def test_sigkill_mid_run_then_resume_auto_matches_uninterrupted_run(root, cache,
     ckpt_dir = root / "killed-ckpt"
     proc = start_training(root / "killed", cache, f"ckpt.dir={ckpt_dir}", f"ckpt.every_n_steps={EVERY}",
                           steps=100)  # would run far past the reference: it is killed
-    wait_for(ckpt_dir / "step-00000008.ckpt", proc)
+    eighth = wait_for_step(ckpt_dir, 8, proc)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
 
     store = assert_only_complete_checkpoints(ckpt_dir)
     latest = store.latest_complete()
-    assert latest == str(ckpt_dir / "step-00000008.ckpt"), "the kill came later than four steps after the save?"
+    assert latest == str(eighth), "the kill came later than four steps after the save?"
     state = store.load(latest)
     assert state["global_step"] == 8 and "rng" in state["callbacks"]["RngState"]
     assert loader_position(state) == (1, 0)  # the next batch is the second epoch's first
@@ -99,20 +100,24 @@ def test_kill_during_checkpoint_write_then_resume_from_another_run_dir(root, cac
     assert proc.returncode == -signal.SIGKILL, f"expected the fault hook to SIGKILL the run:\n{err[-3000:]}"
 
     ckpt_dir = crashed / "checkpoints"  # the default ckpt.dir: ${paths.output_dir}/checkpoints
-    names = sorted(p.name for p in ckpt_dir.iterdir())
-    assert names == [".step-00000008.ckpt.partial", "step-00000004.ckpt"]
+    fourth = step_file(ckpt_dir, 4)
+    assert fourth is not None
+    (partial,) = [name for name in checkpoint_files(ckpt_dir) if name.startswith(".")]
+    assert partial.startswith(f".{fourth.name.replace('00000004', '00000008')}.") and partial.endswith(".partial")
+    assert checkpoint_files(ckpt_dir) == [partial, fourth.name]
     with pytest.raises(Exception):  # really half a checkpoint
-        torch.load(ckpt_dir / ".step-00000008.ckpt.partial", weights_only=True)
+        torch.load(ckpt_dir / partial, weights_only=True)
     store = assert_only_complete_checkpoints(ckpt_dir)
-    assert store.latest_complete() == str(ckpt_dir / "step-00000004.ckpt")
+    assert store.latest_complete() == str(fourth)
 
     run_dir = outputs / "run2"
     train(run_dir, cache, f"ckpt.every_n_steps={EVERY}", f"paths.outputs_root={outputs}", "resume=auto",
           steps=STEPS)
     result = summary(run_dir)
-    assert result["run"]["resumed_from"] == str(ckpt_dir / "step-00000004.ckpt")
+    assert result["run"]["resumed_from"] == str(fourth)
     assert_same_losses(losses(run_dir), reference, 4, STEPS)
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-00000008.ckpt", "step-00000012.ckpt"]
+    # the same training, continued: its run id and fingerprint name the new files too
+    assert checkpoint_files(run_dir / "checkpoints") == [fourth.name.replace("00000004", f"{s:08d}") for s in (8, 12)]
 
     # what every save cost, in the summary and in TensorBoard (synchronous writes here)
     ckpts = result["checkpoints"]
@@ -136,8 +141,9 @@ def test_resume_from_a_file_url(root, cache, reference):
     store_dir = root / "reference-store"
     assert [step for step, _ in CheckpointStore(f"file://{store_dir}").list_steps()] == [2, 4, 6, 8, 10, 12]
     run_dir = root / "from-url"
-    train(run_dir, cache, "ckpt=none", f"resume=file://{store_dir}/step-00000006.ckpt", steps=8)
-    assert summary(run_dir)["run"]["resumed_from"] == str(store_dir / "step-00000006.ckpt")
+    sixth = step_file(store_dir, 6)
+    train(run_dir, cache, "ckpt=none", f"resume=file://{sixth}", steps=8)
+    assert summary(run_dir)["run"]["resumed_from"] == str(sixth)
     assert_same_losses(losses(run_dir), reference, 6, 8)
 
 
@@ -146,7 +152,7 @@ def test_resume_mid_epoch_through_the_epoch_stream(root, cache, reference):
     from step 6 (mid-epoch) over the epoch boundary at step 8, losses equal the reference's."""
     store_dir = root / "reference-store"
     run_dir = root / "from-url-stream"
-    train(run_dir, cache, "ckpt=none", f"resume=file://{store_dir}/step-00000006.ckpt", "accel.num_workers=1",
+    train(run_dir, cache, "ckpt=none", f"resume=file://{step_file(store_dir, 6)}", "accel.num_workers=1",
           "accel.persistent_workers=true", "accel.prefetch_across_epochs=true", steps=STEPS)
     result = summary(run_dir)
     assert result["data"]["epoch_stream"] == {"iterator_starts": 1, "next_batch": [1, STEPS - 8]}

@@ -20,7 +20,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from drivebench.ckpt.checkpoint_io import HostStager, StorageCheckpointIO
-from drivebench.ckpt.resume import find_resume_checkpoint
+from drivebench.ckpt.identity import IDENTITY_KEY, RunIdentity
+from drivebench.ckpt.resume import resolve_resume
 from drivebench.ckpt.state import RngState, rng_state, set_rng_state
 from drivebench.ckpt.store import CheckpointStore, CheckpointWriteError, checkpoint_name, step_of
 from drivebench.errors import ConfigError
@@ -195,49 +196,60 @@ def test_stager_moves_device_tensors_into_reused_pinned_buffers():
 
 
 # ---- resume resolution -----------------------------------------------------------------------
-def cfg(resume, outputs_root, model="qcnet", size="test", data="argoverse2"):
-    return OmegaConf.create({"resume": resume, "paths": {"outputs_root": str(outputs_root)},
-                             "model": {"name": model, "size": size}, "data": {"name": data}})
+def cfg(resume, outputs_root):
+    return OmegaConf.create({"resume": resume, "paths": {"outputs_root": str(outputs_root)}})
 
 
-def fake_run(root: Path, name: str, steps: list[int], model: str = "qcnet", mtime: float | None = None,
-             size: str = "test") -> Path:
+def training(clip: float = 0.5, model: str = "qcnet") -> dict:
+    """A resolved config, as much of one as the identity reads."""
+    return {"model": {"name": model, "size": "test", "optimizer": {"lr": 1e-3}}, "data": {"name": "argoverse2"},
+            "seed": 1, "trainer": {"gradient_clip_val": clip, "max_steps": 10}}
+
+
+def fake_run(root: Path, name: str, steps: list[int], config: dict, mtime: float | None = None) -> Path:
+    """An earlier run's checkpoints, named and stamped with the identity of ``config``."""
     run = root / name
-    (run / ".hydra").mkdir(parents=True)
-    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
-        {"model": {"name": model, "size": size}, "data": {"name": "argoverse2"}}))
     store = CheckpointStore(str(run / "checkpoints"))
     store.prepare()
+    identity = RunIdentity.of_config(config, 1)
     for step in steps:
-        store.write(checkpoint_name(step), payload(step))
+        name_ = checkpoint_name(step, identity)
+        store.write(name_, {**payload(step), IDENTITY_KEY: identity.to_dict()})
         if mtime is not None:
-            os.utime(run / "checkpoints" / checkpoint_name(step), (mtime + step, mtime + step))
+            os.utime(run / "checkpoints" / name_, (mtime + step, mtime + step))
     return run
 
 
-def test_resume_auto_prefers_ckpt_dir_then_newest_run_of_the_same_workload(tmp_path):
+def test_resume_auto_prefers_ckpt_dir_then_newest_run_of_the_same_training(tmp_path):
     outputs = tmp_path / "outputs"
-    fake_run(outputs, "old", [4, 8], mtime=1_000)
-    newest = fake_run(outputs, "new", [2], mtime=2_000, size="tiny")  # QCNet test's old name: the same workload
-    fake_run(outputs, "other-model", [50], model="maptr", mtime=3_000)
-    assert find_resume_checkpoint(cfg("auto", outputs), None) == str(newest / "checkpoints" / checkpoint_name(2))
+    fake_run(outputs, "old", [4, 8], training(), mtime=1_000)
+    newest = fake_run(outputs, "new", [2], training(), mtime=2_000)
+    fake_run(outputs, "other-clip", [50], training(clip=1.0), mtime=3_000)  # newer, but other training
+    fake_run(outputs, "other-model", [60], training(model="maptr"), mtime=4_000)
+    me = RunIdentity.of_config(training(), 1)
+    plan = resolve_resume(cfg("auto", outputs), None, me)
+    assert plan.path == str(next((newest / "checkpoints").iterdir()))
+    assert me.run_id == plan.theirs.run_id  # the same training: the run continues under its id
 
     own = CheckpointStore(str(tmp_path / "own"))
     own.prepare()
-    own.write(checkpoint_name(1), payload(1))
-    assert find_resume_checkpoint(cfg("auto", outputs), own) == str(tmp_path / "own" / checkpoint_name(1))
-    assert find_resume_checkpoint(cfg("auto", tmp_path / "nothing"), None) is None  # fresh start
-    assert find_resume_checkpoint(cfg(None, outputs), own) is None
+    mine = RunIdentity.of_config(training(), 1)
+    own.write(checkpoint_name(1, mine), {**payload(1), IDENTITY_KEY: mine.to_dict()})
+    assert resolve_resume(cfg("auto", outputs), own, RunIdentity.of_config(training(), 1)).path == str(
+        tmp_path / "own" / checkpoint_name(1, mine))
+    assert resolve_resume(cfg("auto", tmp_path / "nothing"), None, me).path is None  # fresh start
+    assert resolve_resume(cfg(None, outputs), own, me) is None
 
 
 def test_resume_explicit_paths_and_urls(tmp_path):
+    me = RunIdentity.of_config(training(), 1)
     with pytest.raises(ConfigError, match=r"resume=.*missing\.ckpt does not exist"):
-        find_resume_checkpoint(cfg(str(tmp_path / "missing.ckpt"), tmp_path), None)
+        resolve_resume(cfg(str(tmp_path / "missing.ckpt"), tmp_path), None, me)
     with pytest.raises(ConfigError, match=r"resume=memory://.* does not exist"):
-        find_resume_checkpoint(cfg("memory://nowhere/step-00000001.ckpt", tmp_path), None)
+        resolve_resume(cfg("memory://nowhere/step-00000001.ckpt", tmp_path), None, me)
     CheckpointStore(str(tmp_path)).write(checkpoint_name(7), payload(7))
     local = str(tmp_path / checkpoint_name(7))
-    assert find_resume_checkpoint(cfg(f"file://{local}", tmp_path), None) == local
+    assert resolve_resume(cfg(f"file://{local}", tmp_path), None, me).path == local
 
 
 def test_the_checkpoint_io_reads_remote_checkpoints_with_the_options_of_its_filesystem(tmp_path):

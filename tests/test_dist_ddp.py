@@ -190,7 +190,7 @@ def test_ddp_checkpoints_and_resume_mid_epoch_on_every_rank(drivebench, tmp_path
     straight = {r["rank"]: r["batches"] for r in records(probe, "samples")}
 
     resumed_dir = tmp_path / "resumed"
-    result, probe, _ = drivebench([*RUN, *DDP, f"resume={ckpt_dir / 'step-00000003.ckpt'}",
+    result, probe, _ = drivebench([*RUN, *DDP, f"resume={next(ckpt_dir.glob('step-00000003-*.ckpt'))}",
                                    f"hydra.run.dir={resumed_dir}"], cwd=tmp_path / "b")
     assert result.returncode == 0, result.stderr[-3000:]
     resumed = {r["rank"]: r["batches"] for r in records(probe, "samples")}
@@ -259,35 +259,56 @@ def test_torchrun_multirun_keeps_one_sweep_dir_and_runs_every_job(drivebench, tm
 
 
 def test_a_dead_or_stuck_rank_stops_the_run_naming_it(drivebench, tmp_path):
-    """Two runs side by side (the stuck one mostly waits): rank 1 exits abruptly after step 2 in one,
-    stops responding after step 2 in the other. Hard time limits: a hang fails the test."""
+    """Three runs, two at a time (the stuck one mostly waits): rank 1 exits abruptly after step 2 in one,
+    stops responding after step 2 in another; in the third rank 0, the process that launched rank 1, exits
+    abruptly (as the OOM killer would end it), and rank 1 says so by name. Hard time limits: a hang fails
+    the test."""
     import psutil
 
     timeout_s = 24  # also bounds the rendezvous, so it must exceed a rank's start-up time here
     args = [*RUN, *DDP, "trainer.max_steps=200", f"dist.timeout_minutes={timeout_s / 60}"]
     fault = {"DRIVEBENCH_FAULT_EXIT_RANK": "1", "DRIVEBENCH_FAULT_EXIT_STEP": "2"}
     runs = {}
-    for kind, extra in (("dead", {}), ("stuck", {"DRIVEBENCH_FAULT_HANG": "1"})):
+
+    def start(kind: str, extra: dict[str, str]) -> None:
         cwd = tmp_path / kind
         cwd.mkdir()
         runs[kind] = (time.monotonic(), subprocess.Popen(
             [sys.executable, "-m", "drivebench", *args, f"hydra.run.dir={cwd / 'run'}"], cwd=cwd,
             env=drivebench.env(cwd, {**fault, **extra}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outcome = {}
-    for kind, (started, proc) in runs.items():
-        _, err = proc.communicate(timeout=150)
-        outcome[kind] = (proc.returncode, err, time.monotonic() - started)
 
-    code, err, elapsed = outcome["dead"]
+    outcome = {}
+
+    def finish(kind: str) -> None:
+        started, proc = runs[kind]
+        _, err = proc.communicate(timeout=150)  # until every rank has closed the pipes (rank 1 outlives rank 0)
+        outcome[kind] = (proc.returncode, err, time.monotonic() - started, proc.pid)
+
+    start("dead", {})
+    start("stuck", {"DRIVEBENCH_FAULT_HANG": "1"})
+    finish("dead")
+    start("rank0", {"DRIVEBENCH_FAULT_EXIT_RANK": "0"})  # while the stuck run waits out its timeout
+    finish("stuck")
+    finish("rank0")
+
+    code, err, elapsed, _ = outcome["dead"]
     assert code != 0 and "fault injection: rank 1 exits abruptly" in err
     last = [line for line in err.splitlines() if line.strip()][-2:]
     assert any("rank 1 (pid " in line and f"exited with code {FAULT_EXIT_CODE}" in line for line in last), last
     assert elapsed < 60 + timeout_s  # gloo notices the closed connection at once; the timeout is the bound
 
-    code, err, elapsed = outcome["stuck"]
+    code, err, elapsed, _ = outcome["stuck"]
     assert code != 0 and "fault injection: rank 1 stops responding" in err
     assert "rank 1 (pid " in err and "dist.timeout_minutes" in err and "timeout" in err.lower()
     assert elapsed < 60 + timeout_s  # start-up, two steps, then the timeout: not more
+
+    code, err, elapsed, rank0_pid = outcome["rank0"]  # the process started here is rank 0
+    assert code == FAULT_EXIT_CODE and "fault injection: rank 0 exits abruptly" in err, err[-3000:]
+    (line,) = [x for x in err.splitlines() if x.startswith("drivebench: error:")]  # rank 1's, one line
+    assert line.startswith(f"drivebench: error: rank 0 (pid {rank0_pid}, the process that launched this one) "
+                           "ended during the run"), line
+    assert line.endswith("rank 1 stopped because its peer is gone") and "Traceback" not in err, err[-3000:]
+    assert elapsed < 60 + timeout_s  # rank 1 notices in its next collective, or its watch does after 10 s
 
     assert not summaries(tmp_path)
     left = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]

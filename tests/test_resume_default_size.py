@@ -30,7 +30,7 @@ def test_resume_auto_finds_a_run_made_with_the_default_sizes(tmp_path_factory):
     resumed = run_cli([*args, f"hydra.run.dir={second}", "bench.steps=6", "resume=auto"], cache, cwd=outputs)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     record = summary(second)["run"]
-    expected = str(first / "checkpoints" / "step-00000004.ckpt")
+    expected = str(next((first / "checkpoints").glob("step-00000004-*.ckpt")))  # named after its run
     assert record["resumed_from"] == expected
     assert record["resume"]["step"] == 4 and f"earlier qcnet/{record['model_size']}/argoverse2 run" in record["resume"]["how"]
     table_line = next(line for line in resumed.stdout.splitlines() if line.startswith("resumed from"))

@@ -143,12 +143,16 @@ class SharedArrayCache:
     miss, counted), so a loader can fall back to decoding the file itself.
     """
 
-    def __init__(self, keys: Sequence[str], load: Callable[[str], np.ndarray], max_bytes: float, workers: int = 0,
+    def __init__(self, keys: Sequence[str], load: Callable[[str], np.ndarray | None], max_bytes: float, workers: int = 0,
                  progress: bool = True, desc: str = "shm image cache") -> None:
         t0 = time.perf_counter()
         arrays: list[np.ndarray] = []
+        kept: list[str] = []
         total = 0
-        for arr in _map(load, keys, workers, progress, desc):
+        for key, arr in zip(keys, _map(load, keys, workers, progress, desc)):
+            if arr is None:  # ``load`` could not read it: left out, so a get() is a miss (the caller reads it)
+                continue
+            kept.append(key)
             arr = np.ascontiguousarray(arr)
             total += arr.nbytes
             if total > max_bytes:
@@ -157,7 +161,8 @@ class SharedArrayCache:
                     "(raise accel.shm_cache_max_gb or the size of /dev/shm, or set accel.shm_cache=false)"
                 )
             arrays.append(arr)
-        self.index = {k: i for i, k in enumerate(keys)}
+        self.index = {k: i for i, k in enumerate(kept)}
+        self.left_out = len(keys) - len(kept)
         self.meta = [(a.dtype.str, a.shape) for a in arrays]
         self.store = SharedBlobStore([a.reshape(-1).view(np.uint8).data for a in arrays], max_bytes)
         self._build_s = time.perf_counter() - t0

@@ -40,6 +40,7 @@ class PhaseLogger(Logger):
         self.base = base
         self.phase = phase
         self.step_offset = step_offset
+        self._flush_next = False
 
     @property
     def name(self) -> str | None:
@@ -65,6 +66,19 @@ class PhaseLogger(Logger):
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         tagged = {f"{self.phase}/{key}": value for key, value in metrics.items()}
         self.base.log_metrics(tagged, None if step is None else step + self.step_offset)
+        if self._flush_next:
+            self._flush_next = False
+            self.flush()
+
+    @rank_zero_only
+    def flush(self, then_next: bool = False) -> None:
+        """Write what was logged to the event file now (a kill loses only what the process still buffers).
+        ``then_next``: also flush right after the next ``log_metrics``: a checkpoint is taken in
+        ``on_train_batch_end``, before Lightning logs that step's losses, which belong to it too."""
+        flush = getattr(self.base.experiment, "flush", None)
+        if callable(flush):
+            flush()
+        self._flush_next = then_next
 
     @rank_zero_only
     def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import signal
 import sys
 import time
 from typing import Any
@@ -27,14 +28,17 @@ from drivebench.accel.compile import compile_report
 from drivebench.accel.gc_freeze import FreezeHeap
 from drivebench.app import Run, build
 from drivebench.bench.phase_logger import CEILING, FIT, VALIDATE, phase_logger
-from drivebench.ckpt.resume import describe_resume, find_resume_checkpoint
+from drivebench.ckpt.identity import RunIdentity
+from drivebench.ckpt.resume import ResumePlan, resolve_resume
 from drivebench.ckpt.state import RngState
 from drivebench.data.device_prefetch import DevicePrefetchLoader
 from drivebench.data.epoch_stream import EpochStream
 from drivebench.dist import gather_objects
 from drivebench.errors import ConfigError
+from drivebench.schemas import resolve_profile
 from drivebench.schemas import resolve_val_batches as _resolve_val_batches
 from drivebench.secrets import redact, redact_argv
+from drivebench.signals import STOP, Interrupted, StopOnSignal, exit_code, requeue_slurm_job, signal_name
 from drivebench.perf.bottleneck import diagnose, efficiency_note
 from drivebench.perf.callback import StepTimer
 from drivebench.perf.ceiling import CeilingDataModule
@@ -71,15 +75,6 @@ def _resolve_targets(value: Any) -> list[str]:
         except ValueError as err:
             raise ConfigError(f"bench.targets={item!r} is not valid: {err}") from None
     return labels
-
-
-def _resolve_profile(value: Any) -> int:
-    """``bench.profile``: steps to profile; 0, null or false = off."""
-    if value is None or value is False:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"bench.profile={value!r} is not valid; use a number of steps >= 1, or 0/null (off)")
-    return value
 
 
 def step_timer(run: Run, phase: str, warmup_steps: int, monitor: SystemMonitor, **kwargs: Any) -> StepTimer:
@@ -123,41 +118,62 @@ class TrainBench:
 
     # ---- entry -------------------------------------------------------------------------------
     def run(self, run: Run) -> dict[str, Any]:
+        """Execute the phases; write and return the summary. A stop signal ends the run early with a
+        summary of what ran (``status: interrupted``) and :class:`Interrupted` carrying its one line."""
         on_gpu = run.machine.accelerator == "cuda"
         self.steps = _resolve_count(self.steps, 300, 30, on_gpu)
         self.ceiling_steps = _resolve_count(self.ceiling_steps, 50, 10, on_gpu)
         self.loader_batches = _resolve_count(self.loader_batches, 200, 30, on_gpu)
         self.warmup_steps = _resolve_count(self.warmup_steps, 0, 0, on_gpu)
-        self.profile = _resolve_profile(self.profile)
+        self.profile = resolve_profile(self.profile)
         summary = self._base_summary(run)
         monitor = SystemMonitor(torch.cuda.current_device() if on_gpu else None)
         logger = run.logger()
         dm = run.datamodule
-        t0 = time.perf_counter()
-        dm.prepare_data()
-        dm.setup("fit")
-        summary["data"] = run.datamodule.source.describe()
-        summary["data"]["prepare_s"] = time.perf_counter() - t0
-        summary["data"]["train_samples"] = len(dm.train_set)
-        summary["data"]["val_samples"] = len(dm.val_set)
+        self.stopped: dict[str, Any] | None = None  # training stopped on a signal (StopOnSignal's record)
+        self._trainer: pl.Trainer | None = None
+        self._phase = "set-up"
         trained_step = 0  # the global step of the weights after training (validation logs there)
         try:
+            if self.runs_training:  # before any work: a resume=<path> that cannot be read is a bad value
+                self._checkpoint_io, self._resume = self._resolve_checkpoints(run, summary)
+            self._phase = "data preparation"
+            t0 = time.perf_counter()
+            dm.prepare_data()
+            dm.setup("fit")
+            summary["data"] = run.datamodule.source.describe()
+            summary["data"]["prepare_s"] = time.perf_counter() - t0
+            summary["data"]["train_samples"] = len(dm.train_set)
+            summary["data"]["val_samples"] = len(dm.val_set)
             if self.runs_loader:
+                self._phase = "the loader phase"
                 summary["loader"] = self._loader_phase(run)
             if self.runs_training:
+                self._phase = "training"
                 trained_step = self._train_phase(run, logger, monitor, summary)
+            if self.stopped is not None:  # stopped on a signal at a step boundary: nothing more runs
+                raise self._interrupted(run, logger, summary, self.stopped["signum"])
             if self.runs_ceiling and (self.ceiling or not self.runs_training):
                 # right after training, under the same conditions; the ceiling's steps on one batch
                 # must not change the weights that validation then scores
                 weights = {k: v.detach().clone() for k, v in run.module.state_dict().items()}
+                self._phase = "the ceiling phase"
                 self._ceiling_phase(run, logger, monitor, summary)
                 run.module.load_state_dict(weights)
             if self.runs_training and self.val_batches:
+                self._phase = "validation"
                 summary["val"] = self._validate(run, logger, trained_step)
                 summary["val_notes"] = run.module.metric_notes(summary["val"])
+        except Interrupted as stop:  # a signal outside a training phase, or a second one during it
+            if stop.message is None:
+                raise self._interrupted(run, logger, summary, stop.signum) from None
+            raise
         finally:
             monitor.stop()
         summary["data"]["shm_cache"] = dm.cache_stats()
+        skipped_val = _skip_counts(dm.val_set)
+        if skipped_val is not None:
+            summary["data"]["skipped_in_validation"] = skipped_val
         train, ceiling = summary.get("train") or {}, summary.get("ceiling") or {}
         if train.get("samples_per_s") and ceiling.get("samples_per_s"):
             summary["efficiency"] = (train.get("global_samples_per_s") or train["samples_per_s"]) / (
@@ -171,9 +187,7 @@ class TrainBench:
             summary["settings"]["compile_report"] = compile_report()
         if run.module.graphed_loss is not None:
             summary["settings"]["cuda_graphs"] = {"status": run.cuda_graphs, **run.module.cuda_graphs_report()}
-        summary["run"]["finished"] = dt.datetime.now().isoformat(timespec="seconds")
-        summary["run"]["wall_s"] = time.time() - run.started
-        summary["run"]["status"] = "completed"
+        self._finish(run, summary, "completed")
         if run.p2p:
             summary["dist"] = {"p2p": run.p2p}
         if run.autotune is not None:
@@ -187,6 +201,65 @@ class TrainBench:
         print(render_table(summary), flush=True)
         return summary
 
+    def _resolve_checkpoints(self, run: Run, summary: dict[str, Any]) -> tuple[Any, ResumePlan | None]:
+        """The checkpoint IO, bound to this run's identity, and what ``resume`` resolved to (summary ``run``)."""
+        cfg = run.cfg
+        checkpoint_io = build(cfg.ckpt.io, _convert_="all")
+        identity = RunIdentity.of_config(OmegaConf.to_container(cfg, resolve=True), _world(run))
+        plan = resolve_resume(cfg, checkpoint_io.store, identity)  # may adopt the checkpoint's run id
+        checkpoint_io.bind(identity)
+        summary["run"]["run_id"] = identity.run_id
+        summary["run"]["fingerprint"] = identity.fingerprint
+        summary["run"]["resumed_from"] = plan.path if plan is not None else None
+        summary["run"]["resume"] = plan.to_summary() if plan is not None else None
+        return checkpoint_io, plan
+
+    def _finish(self, run: Run, summary: dict[str, Any], status: str) -> None:
+        summary["run"]["finished"] = dt.datetime.now().isoformat(timespec="seconds")
+        summary["run"]["wall_s"] = time.time() - run.started
+        summary["run"]["status"] = status
+
+    def _interrupted(self, run: Run, logger: Any, summary: dict[str, Any], signum: int) -> Interrupted:
+        """The end of a run stopped by ``signum``: the summary (``status: interrupted``, the step reached, the
+        final checkpoint), a SLURM requeue when asked for, and the exception whose line the app prints."""
+        STOP.deferring += 1  # a further signal no longer breaks off writing what is left to write
+        try:
+            trainer = self._trainer
+            step = trainer.global_step if trainer is not None else None
+            saved = ((summary.get("checkpoints") or {}).get("each") or [])
+            final = saved[-1] if saved and saved[-1]["step"] == step else None
+            record: dict[str, Any] = {
+                "signal": signal_name(signum), "exit_code": exit_code(signum), "step": step,
+                "at_step_boundary": self.stopped is not None, "checkpoint": final["path"] if final else None,
+                "requeue": None,
+            }
+            zero = getattr(self, "is_global_zero", True) if trainer is None else trainer.is_global_zero
+            if run.cfg.get("requeue") and signum == signal.SIGUSR1 and zero:
+                record["requeue"] = requeue_slurm_job()
+            summary["run"]["interrupted"] = record
+            self._finish(run, summary, "interrupted")
+            where = ""
+            if zero:
+                path = write_summary(run.output_dir / "summary.json", summary)
+                summary["paths"]["summary"] = str(path)
+                where = f"; summary {path}"
+                if logger:
+                    logger.finalize("interrupted")
+            if self.stopped is not None:
+                what = f"at step {step}"
+            elif self._phase == "training" and step is not None:
+                what = f"during step {step + 1} (a second signal: not at a step boundary)"
+            else:
+                what = f"during {self._phase}" + (f" (training reached step {step})" if step is not None else "")
+            ckpt = f"; checkpoint {record['checkpoint']}" if record["checkpoint"] else (
+                "; no checkpoint of this step (checkpoints are off)" if run.cfg.ckpt.get("callback") is None or step is None
+                else "; no checkpoint of this step")
+            requeued = f"; {record['requeue']}" if record["requeue"] else ""
+            resume = "; continue with resume=auto" if record["checkpoint"] else ""
+            return Interrupted(signum, f"{what}{ckpt}{where} (status interrupted){requeued}{resume}")
+        finally:
+            STOP.deferring -= 1
+
     # ---- phases ------------------------------------------------------------------------------
     def _train_phase(self, run: Run, logger: Any, monitor: SystemMonitor, summary: dict[str, Any]) -> int:
         """Train; fill ``summary``; return the trainer's global step at the end."""
@@ -198,14 +271,14 @@ class TrainBench:
         # the profiler before the timer: its trace export then falls into a profiled (excluded) step
         callbacks: list[pl.Callback] = (([freeze] if freeze else []) + ([profiler] if profiler else []) + [timer]
                                         + configured_callbacks(run))
-        checkpoint_io = build(cfg.ckpt.io, _convert_="all")  # the Trainer's CheckpointIO plugin
+        checkpoint_io = self._checkpoint_io  # the Trainer's CheckpointIO plugin, bound to this run's identity
         ckpt = build(cfg.ckpt.callback, _convert_="all") if cfg.ckpt.get("callback") else None
         callbacks.append(RngState())  # RNG states in every checkpoint, restored on resume, also for ckpt=none
+        stop = StopOnSignal()  # a stop signal ends training at the next step boundary
+        callbacks.append(stop)
         if ckpt is not None:
             callbacks.append(ckpt)
-        resume_from = find_resume_checkpoint(cfg, checkpoint_io.store)
-        summary["run"]["resumed_from"] = resume_from
-        summary["run"]["resume"] = describe_resume(cfg, resume_from, checkpoint_io.store)
+        resume_from = self._resume.path if self._resume is not None else None
         max_steps = cfg.trainer.max_steps
         if max_steps is None:  # bench.steps measured steps after warm-up and the profiled steps
             max_steps = self.warmup_steps + self.steps + (profiler.occupied_steps if profiler else 0)
@@ -223,8 +296,10 @@ class TrainBench:
             run.job.track(trainer)
         # the checkpoint IO reads resume_from (remote ones with ckpt.storage_options); Lightning restores
         # model, optimizer, schedulers, loops, the training loader's position and the RNG states
+        self._trainer = trainer
         trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=resume_from)
         self.is_global_zero = trainer.is_global_zero
+        self.stopped = stop.stopped
         prefetch = trainer.train_dataloader
         if isinstance(prefetch, DevicePrefetchLoader):
             summary["data"]["device_prefetch"] = prefetch.stats()
@@ -238,9 +313,13 @@ class TrainBench:
                                                     trainer.global_step)
         if freeze is not None:
             summary["train"]["gc_freeze"] = freeze.summary()
+        skipped = _skip_counts(run.datamodule.train_set)
         if trainer.world_size > 1:
-            summary["ranks"] = self._gather_ranks(summary["train"], trainer)
+            summary["ranks"] = self._gather_ranks(summary["train"], trainer, skipped)
             summary["train"]["global_samples_per_s"] = summary["ranks"]["global_samples_per_s"]
+            skipped = summary["ranks"].pop("skipped")
+        if skipped is not None:
+            summary["data"]["skipped_in_training"] = skipped
         summary["loss"] = loss_summary(timer.times.records)
         if run.machine.accelerator == "cuda":
             summary["memory"]["peak_device_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -250,9 +329,11 @@ class TrainBench:
         return trainer.global_step
 
     @staticmethod
-    def _gather_ranks(stats: dict[str, Any], trainer: pl.Trainer) -> dict[str, Any]:
-        """Every rank's own figures, on rank 0: global throughput and the slowest rank."""
+    def _gather_ranks(stats: dict[str, Any], trainer: pl.Trainer, skipped: dict[str, int] | None = None) -> dict[str, Any]:
+        """Every rank's own figures, on rank 0: global throughput and the slowest rank (and the samples
+        ``data.on_corrupt=skip`` skipped, summed over ranks, under ``skipped``)."""
         mine = {
+            "skipped": skipped,
             "rank": trainer.global_rank,
             "samples": stats.get("samples"),
             "wall_s": stats.get("wall_s"),
@@ -266,7 +347,11 @@ class TrainBench:
         walls = [r["wall_s"] for r in per_rank if r["wall_s"]]
         samples = sum(r["samples"] or 0 for r in per_rank)
         slowest = max(per_rank, key=lambda r: (r["data_wait_fraction"] or 0.0, r["step_s_median"] or 0.0))
+        counted = [r.pop("skipped") for r in per_rank]
+        total = None if all(c is None for c in counted) else {
+            kind: sum((c or {}).get(kind, 0) for c in counted) for kind in sorted({k for c in counted if c for k in c})}
         return {
+            "skipped": total,
             "world_size": trainer.world_size,
             "per_rank": per_rank,
             "global_samples_per_s": samples / max(walls) if walls else None,
@@ -382,6 +467,13 @@ class TrainBench:
             "config": redact(OmegaConf.to_container(cfg, resolve=True)),
             "paths": {"output_dir": str(run.output_dir)},
         }
+
+
+def _skip_counts(dataset: Any) -> dict[str, int] | None:
+    """Samples a dataset skipped (``data.on_corrupt=skip``) in this process and its loader workers; None for
+    a dataset that never skips."""
+    counts = getattr(dataset, "skip_counts", None)
+    return counts() if callable(counts) else None
 
 
 def _world(run: Run) -> int:

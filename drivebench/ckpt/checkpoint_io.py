@@ -13,7 +13,11 @@ Lightning hands every checkpoint it takes (``trainer.save_checkpoint``, called b
   host buffers reserved once and reused, no second copy on the device), then one background thread
   serialises and writes the copy; a failed background write is raised at the next save or by
   :meth:`finish`;
-* keeps the newest ``keep_last_k`` complete checkpoints (pruned after each completed write);
+* names every checkpoint after its run (:mod:`drivebench.ckpt.identity`: ``step-<step>-<fingerprint>-<run
+  id>.ckpt``), puts the identity into it (``drivebench_run``), and prunes only this run's files: the newest
+  ``keep_last_k`` of them are kept (pruned after each completed write), other runs' files are never touched;
+* holds ``ckpt.dir`` for this run while it trains (:meth:`claim`: an exclusive lock on
+  ``<ckpt.dir>/.drivebench.lock``): a second live run on the same local directory is refused in one line;
 * records every save (bytes, write seconds, MiB/s, and the blocking seconds measured by
   :meth:`blocking`, the one place that times a save) for the run summary.
 
@@ -26,6 +30,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -34,14 +39,17 @@ from typing import Any, Callable, Iterator
 import torch
 from lightning.fabric.plugins import CheckpointIO
 
-from drivebench.ckpt.store import CheckpointStore, checkpoint_name, store_for
+from drivebench.ckpt.identity import IDENTITY_KEY, RunIdentity
+from drivebench.ckpt.store import CheckpointStore, CheckpointWriteError, checkpoint_name, store_for
 from drivebench.errors import ConfigError
+from drivebench.locks import HeldLock, LockBusy, hold_lock
 from drivebench.perf.clock import CKPT, StepClock
 from drivebench.perf.stats import describe
 from drivebench.secrets import install_log_redaction, secret_values
 
 log = logging.getLogger(__name__)
 FAULT_ENV = "DRIVEBENCH_FAULT_KILL_DURING_CKPT_STEP"  # test hook: SIGKILL half-way through this step's write
+LOCK_NAME = ".drivebench.lock"  # in ckpt.dir: held by the live run that writes there
 
 
 class HostStager:
@@ -120,11 +128,46 @@ class StorageCheckpointIO(CheckpointIO):
         self._taken: dict[str, Any] | None = None  # the record of the save being taken (see ``blocking``)
         self.step_clock = StepClock()  # off until a StepTimer hands over its own (use_step_clock)
         self._fault_step = int(os.environ[FAULT_ENV]) if os.environ.get(FAULT_ENV) else None
+        self.identity: RunIdentity | None = None  # set by the bench (bind); None: unnamed files, all one's own
+        self._lock: HeldLock | None = None
+
+    # ---- whose ---------------------------------------------------------------------------------
+    def bind(self, identity: RunIdentity) -> None:
+        """The run these checkpoints belong to: their names, their ``drivebench_run`` entry, what is pruned."""
+        self.identity = identity
+
+    def claim(self) -> None:
+        """Hold ``ckpt.dir`` for this run until :meth:`teardown` (a local directory; the kernel releases the
+        lock if the process dies). Refuses, in one line, a directory another live run holds. Removes this
+        run's own ``.partial`` leftovers (a killed earlier process of the same run wrote them)."""
+        store = self._store()
+        if not store.local or self._lock is not None:
+            return
+        assert store.path is not None
+        holder = (f"pid {os.getpid()} on {socket.gethostname()}, run {self.identity.run_id if self.identity else '-'}, "
+                  f"since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        try:
+            self._lock = hold_lock(store.path / LOCK_NAME, holder)
+        except LockBusy as busy:
+            raise ConfigError(
+                f"ckpt.dir={store.path} is in use by another live run ({busy.holder or 'holder unknown'}); two runs "
+                "writing one directory would overwrite each other's checkpoints. Give this run its own "
+                "ckpt.dir=<directory>, or wait for that run to end") from None
+        if self.identity is not None:
+            mine = f"-{self.identity.short}-{self.identity.run_id}.ckpt."
+            for leftover in store.path.glob(".step-*.partial"):
+                if mine in leftover.name:
+                    leftover.unlink(missing_ok=True)
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # ---- where -------------------------------------------------------------------------------
     def path_for(self, step: int) -> str:
         """The path or URL of the checkpoint of global step ``step`` in this run's store."""
-        return self._store().path_of(checkpoint_name(step))
+        return self._store().path_of(checkpoint_name(step, self.identity))
 
     def _store(self) -> CheckpointStore:
         if self.store is None:
@@ -141,6 +184,8 @@ class StorageCheckpointIO(CheckpointIO):
             raise ValueError(f"checkpoint path {path} is not in ckpt.dir={store.url}")
         self._raise_pending()  # waits for a write still in flight: that wait is blocking time
         step = int(checkpoint.get("global_step", -1))
+        if self.identity is not None:
+            checkpoint[IDENTITY_KEY] = self.identity.to_dict()
         record: dict[str, Any] = {"step": step, "path": None, "bytes": None, "blocking_s": None, "write_s": None,
                                   "mb_per_s": None, "async": self.async_write}
         self._taken = record
@@ -173,6 +218,8 @@ class StorageCheckpointIO(CheckpointIO):
             self.finish()
         except Exception as err:  # noqa: BLE001 - already raised to the training loop by finish()
             log.debug("checkpoint write failed (raised earlier): %s", err)
+        finally:
+            self.release()
 
     # ---- the blocking time of a save ---------------------------------------------------------
     def use_step_clock(self, clock: StepClock | None) -> None:
@@ -206,20 +253,40 @@ class StorageCheckpointIO(CheckpointIO):
     def _write(self, name: str, checkpoint: dict[str, Any], record: dict[str, Any],
                fault: Callable[[str, int], None] | None) -> dict[str, Any]:
         """Write, record, prune (on the background thread in async mode)."""
-        result = self._store().write(name, checkpoint, fault)
+        try:
+            result = self._store().write(name, checkpoint, fault)
+        except CheckpointWriteError as err:
+            raise err.with_advice(self.continue_advice(err)) from err.__cause__
         record.update(path=result.path, bytes=result.bytes, write_s=result.write_s,
                       mb_per_s=result.bytes / 2**20 / result.write_s if result.write_s > 0 else None)
         self.saves.append(record)
         self._prune()
         return record
 
+    def continue_advice(self, err: CheckpointWriteError) -> str:
+        """What to do after a failed write, made true: which checkpoint to continue from, and how."""
+        try:
+            previous = [f for f in self._store().list_checkpoints() if f.belongs_to(self.identity)]
+        except Exception:  # noqa: BLE001 - the storage that just failed may not list either
+            previous = []
+        fix = ("free space in ckpt.dir" if err.full else
+               "check the storage (space, quota, credentials)" if err.remote else
+               "check that ckpt.dir exists and is writable")
+        if not previous:
+            return (f"No checkpoint of this run was written yet: {fix}, or choose another ckpt.dir, and start "
+                    "the run again")
+        last = previous[-1].path
+        return (f"To continue: {fix}, then rerun with resume=auto and the same ckpt.dir (it finds {last}), or "
+                f"write elsewhere with ckpt.dir=<another directory> resume={last}")
+
     def _prune(self) -> None:
-        """Delete all but the newest ``keep_last_k`` complete checkpoints (only after a new one is complete)."""
+        """Delete all but the newest ``keep_last_k`` complete checkpoints of this run (only after a new one is
+        complete); other runs' checkpoints in the same directory are not this run's to delete."""
         if not self.keep_last_k:
             return
-        steps = self._store().list_steps()
-        for _, path in steps[: max(len(steps) - self.keep_last_k, 0)]:
-            self.remove_checkpoint(path)
+        mine = [f for f in self._store().list_checkpoints() if f.belongs_to(self.identity)]
+        for old in mine[: max(len(mine) - self.keep_last_k, 0)]:
+            self.remove_checkpoint(old.path)
 
     def _raise_pending(self) -> None:
         if self._future is None:

@@ -22,15 +22,35 @@ from urllib.parse import urlparse
 
 import torch
 
+from drivebench.ckpt.identity import RunIdentity
 from drivebench.errors import ConfigError
 from drivebench.secrets import redact_text, redact_url, secret_values
 
 log = logging.getLogger(__name__)
-_STEP = re.compile(r"^step-(\d+)\.ckpt$")
+# step-<step>.ckpt (written before checkpoints had an identity) or step-<step>-<fingerprint[:8]>-<run id>.ckpt
+_NAME = re.compile(r"^step-(\d+)(?:-([0-9a-f]{8})-([0-9a-z]{8}))?\.ckpt$")
 
 
 class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written; the previous complete checkpoint is untouched."""
+    """A checkpoint could not be written; the previous complete checkpoint is untouched.
+
+    ``full``: the disk was full (or a file-size limit was reached); ``remote``: an fsspec store failed. The
+    checkpoint IO, which knows this run's previous checkpoint, adds what to do next (:meth:`with_advice`)."""
+
+    def __init__(self, message: str, full: bool = False, remote: bool = False) -> None:
+        super().__init__(message)
+        self.full = full
+        self.remote = remote
+
+    def with_advice(self, advice: str) -> "CheckpointWriteError":
+        err = CheckpointWriteError(f"{self}. {advice}", self.full, self.remote)
+        err.__cause__ = self.__cause__
+        return err
+
+
+def partial_name(name: str) -> str:
+    """The hidden file a local write streams into before its rename: unique per writing process."""
+    return f".{name}.{os.getpid()}.partial"
 
 
 @dataclass
@@ -40,13 +60,43 @@ class WriteResult:
     write_s: float
 
 
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:08d}.ckpt"
+@dataclass(frozen=True)
+class CheckpointFile:
+    """A complete checkpoint in a store, as its name describes it (``fingerprint``/``run_id``: None for the
+    names written before checkpoints had an identity)."""
+
+    step: int
+    path: str
+    fingerprint: str | None = None   # the first 8 hex digits
+    run_id: str | None = None
+    mtime: float | None = None       # local files only
+
+    def belongs_to(self, identity: RunIdentity | None) -> bool:
+        """Written by this run (same fingerprint and run id); without an identity, the unnamed files are one's own."""
+        if identity is None:
+            return self.run_id is None
+        return self.run_id == identity.run_id and self.fingerprint == identity.short
+
+    def trains_like(self, identity: RunIdentity) -> bool:
+        """Its name says it trains what ``identity`` trains (the full fingerprint is in the file)."""
+        return self.fingerprint == identity.short
+
+
+def checkpoint_name(step: int, identity: RunIdentity | None = None) -> str:
+    if identity is None:
+        return f"step-{step:08d}.ckpt"
+    return f"step-{step:08d}-{identity.short}-{identity.run_id}.ckpt"
+
+
+def parse_name(name: str) -> tuple[int, str | None, str | None] | None:
+    """(step, fingerprint[:8], run id) of a checkpoint's file name, or None for any other name."""
+    match = _NAME.match(name)
+    return (int(match.group(1)), match.group(2), match.group(3)) if match else None
 
 
 def step_of(name: str) -> int | None:
-    match = _STEP.match(name)
-    return int(match.group(1)) if match else None
+    parsed = parse_name(name)
+    return parsed[0] if parsed else None
 
 
 class CheckpointStore:
@@ -89,8 +139,8 @@ class CheckpointStore:
                 raise ConfigError(f"ckpt.dir={self.path} is not writable ({err.strerror or err}); choose a "
                                   "writable directory or ckpt=none") from err
             if needed_bytes:
-                free = os.statvfs(self.path).f_bavail * os.statvfs(self.path).f_frsize
-                if free < needed_bytes:
+                free = self.free_bytes()
+                if free is not None and free < needed_bytes:
                     raise ConfigError(
                         f"ckpt.dir={self.path} has {free / 2**20:.0f} MiB free but the checkpoints of this run need "
                         f"about {needed_bytes / 2**20:.0f} MiB (keep_last_k + 1 checkpoints); free space, lower "
@@ -107,6 +157,14 @@ class CheckpointStore:
                     f"ckpt.dir={self.url} is not writable ({type(err).__name__}: {err}); check the URL and "
                     "ckpt.storage_options")) from err
 
+    def free_bytes(self) -> int | None:
+        """Bytes free for this process in a local directory (None for a URL: object stores do not say)."""
+        if not self.local:
+            return None
+        assert self.path is not None
+        stat = os.statvfs(self.path)
+        return stat.f_bavail * stat.f_frsize
+
     # ---- write / list / read -----------------------------------------------------------------
     def write(self, name: str, checkpoint: dict[str, Any],
               fault: Callable[[str, int], None] | None = None) -> WriteResult:
@@ -122,15 +180,14 @@ class CheckpointStore:
         except Exception as err:  # fsspec backends raise many kinds
             raise CheckpointWriteError(self._clean(
                 f"writing checkpoint {self._url(target)} failed ({type(err).__name__}: {err}); the previous "
-                "checkpoint is intact. Check the storage (space, quota, credentials) or point ckpt.dir elsewhere, "
-                "then continue with resume=auto")) from err
+                "checkpoint is intact"), remote=True) from err
         return WriteResult(self._url(target), buf.tell(), time.perf_counter() - t0)
 
     def _write_local(self, name: str, checkpoint: dict[str, Any], fault: Callable[[str, int], None] | None,
                      t0: float) -> WriteResult:
         assert self.path is not None
         final = self.path / name
-        tmp = self.path / f".{name}.partial"
+        tmp = self.path / partial_name(name)
         done = False
         try:
             with open(tmp, "wb") as fh:
@@ -158,11 +215,8 @@ class CheckpointStore:
         except OSError as err:
             full = err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
             hint = "the disk is full (or a file-size limit was reached)" if full else err.strerror or str(err)
-            fix = "Free space in ckpt.dir" if full else "Check that ckpt.dir exists and is writable"
             raise CheckpointWriteError(
-                f"writing checkpoint {final} failed: {hint}; the previous checkpoint is intact. {fix} or point "
-                "ckpt.dir elsewhere, then continue with resume=auto"
-            ) from err
+                f"writing checkpoint {final} failed: {hint}; the previous checkpoint is intact", full=full) from err
         finally:
             if not done:
                 try:
@@ -180,19 +234,34 @@ class CheckpointStore:
         return self._url(f"{self._root.rstrip('/')}/{name}")
 
     def list_steps(self) -> list[tuple[int, str]]:
-        """Complete checkpoints as (step, full path or URL), oldest first."""
+        """Complete checkpoints as (step, full path or URL), oldest first (every run's)."""
+        return [(f.step, f.path) for f in self.list_checkpoints()]
+
+    def list_checkpoints(self) -> list[CheckpointFile]:
+        """Complete checkpoints of every run, by step (then path)."""
+        found: list[CheckpointFile] = []
         if self.local:
             assert self.path is not None
             if not self.path.is_dir():
                 return []
-            found = [(step_of(p.name), str(p)) for p in self.path.iterdir()]
+            for p in self.path.iterdir():
+                parsed = parse_name(p.name)
+                if parsed is not None:
+                    try:
+                        mtime = p.stat().st_mtime
+                    except OSError:  # pruned by its own run meanwhile
+                        continue
+                    found.append(CheckpointFile(parsed[0], str(p), parsed[1], parsed[2], mtime))
         else:
             try:
                 names = self._fs.ls(self._root, detail=False)
             except FileNotFoundError:
                 return []
-            found = [(step_of(n.rsplit("/", 1)[-1]), self._url(n)) for n in names]
-        return sorted((s, p) for s, p in found if s is not None)
+            for n in names:
+                parsed = parse_name(n.rsplit("/", 1)[-1])
+                if parsed is not None:
+                    found.append(CheckpointFile(parsed[0], self._url(n), parsed[1], parsed[2]))
+        return sorted(found, key=lambda f: (f.step, f.path))
 
     def delete(self, path: str) -> None:
         if self.local:

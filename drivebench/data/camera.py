@@ -81,11 +81,10 @@ def _plain(options: Any) -> dict[str, Any]:
     return dict(options)
 
 
-def _decode_rgb(path: str) -> np.ndarray:
-    img = cv2.imread(path, cv2.IMREAD_COLOR)
-    if img is None:
-        raise OSError(f"cannot decode image {path}")
-    return img
+def _decode_rgb(path: str) -> np.ndarray | None:
+    """A camera image for the shared-memory cache; None for one that does not decode: the cache leaves it
+    out, and the loader, reading it itself, applies ``data.on_corrupt`` to it with the file named."""
+    return cv2.imread(path, cv2.IMREAD_COLOR)
 
 
 class CameraPipeline:

@@ -18,31 +18,32 @@ from drivebench.data.argoverse2.generate import read_manifest
 from drivebench.data.argoverse2.scenario import CONVERTER_VERSION, load_scenario_dir
 from drivebench.data.preprocess import PreprocessStats, cache_key, cache_path, load_cached, preprocess_all
 from drivebench.data.sampling import unpack_key
+from drivebench.errors import MissingDataError
 
 
 def list_scenarios(root: Path, split: str) -> list[Path]:
     """Scenario directories of ``<root>/<split>``, sorted by id; one-line errors for bad layouts."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(
+        raise MissingDataError(
             f"data.root={root} does not exist: expected an Argoverse 2 motion-forecasting folder laid out as "
             f"{schema.LAYOUT_HINT}"
         )
     split_dir = root / split
     if not split_dir.is_dir():
-        raise FileNotFoundError(
+        raise MissingDataError(
             f"data.root={root} does not look like Argoverse 2 motion forecasting: expected "
             f"{split_dir}/<id>/scenario_<id>.parquet (no folder {split_dir})"
         )
     scenario_dirs = sorted((p for p in split_dir.iterdir() if p.is_dir()), key=lambda p: p.name)
     if not scenario_dirs:
-        raise FileNotFoundError(
+        raise MissingDataError(
             f"data.root={root} does not look like Argoverse 2 motion forecasting: expected "
             f"{split_dir}/<id>/scenario_<id>.parquet (no scenario folders in {split_dir})"
         )
     first = scenario_dirs[0]
     if not (first / schema.scenario_parquet_name(first.name)).is_file():
-        raise FileNotFoundError(
+        raise MissingDataError(
             f"data.root={root} does not look like Argoverse 2 motion forecasting: expected "
             f"{first / schema.scenario_parquet_name(first.name)}"
         )

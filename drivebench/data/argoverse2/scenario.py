@@ -23,6 +23,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from drivebench.data.argoverse2 import schema
+from drivebench.errors import DataError, MissingDataError
 
 CONVERTER_VERSION = "av2-raw-1"
 
@@ -38,7 +39,7 @@ _NEEDED_COLUMNS = (
 )
 
 
-class Argoverse2FormatError(ValueError):
+class Argoverse2FormatError(DataError, ValueError):
     """A file or directory is not in the Argoverse 2 motion-forecasting format."""
 
 
@@ -47,14 +48,14 @@ def scenario_files(scenario_dir: Path) -> tuple[Path, Path]:
     scenario_dir = Path(scenario_dir)
     scenario_id = scenario_dir.name
     if not scenario_dir.is_dir():
-        raise FileNotFoundError(
+        raise MissingDataError(
             f"scenario directory {scenario_dir} does not exist: expected {schema.LAYOUT_HINT}"
         )
     parquet = scenario_dir / schema.scenario_parquet_name(scenario_id)
     map_json = scenario_dir / schema.map_json_name(scenario_id)
     for path in (parquet, map_json):
         if not path.is_file():
-            raise FileNotFoundError(
+            raise MissingDataError(
                 f"{scenario_dir} does not look like an Argoverse 2 motion-forecasting scenario: "
                 f"expected {path} (layout {schema.LAYOUT_HINT})"
             )

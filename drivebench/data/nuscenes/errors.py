@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from drivebench.errors import DataError
 
-class DataFileError(RuntimeError):
+
+def _rebuild(cls: type, state: dict) -> "DataFileError":
+    err = cls.__new__(cls)
+    DataError.__init__(err, state.pop("_message"))
+    err.__dict__.update(state)
+    return err
+
+
+class DataFileError(DataError):
     """A file a sample needs is missing or unreadable.
 
     ``path`` is the file, ``sample_token`` the key frame that needs it (``""`` when the file belongs
@@ -17,6 +26,10 @@ class DataFileError(RuntimeError):
         where = f" (sample {sample_token})" if sample_token else ""
         hint = f"; {fix}" if fix else ""
         super().__init__(f"{problem}: {self.path}{where}{hint}")
+
+    def __reduce__(self) -> tuple:
+        """Picklable whatever a subclass's arguments (a process pool sends it back to the parent)."""
+        return _rebuild, (type(self), {**self.__dict__, "_message": str(self)})
 
 
 class MissingTableError(DataFileError):
@@ -39,7 +52,7 @@ class CorruptFileError(DataFileError):
             path,
             sample_token,
             problem,
-            "re-download or regenerate the file, or set on_corrupt=skip to drop the sample",
+            "re-download or regenerate the file, or set data.on_corrupt=skip to drop the sample",
         )
 
 
@@ -49,5 +62,5 @@ class MissingFileError(DataFileError):
             path,
             sample_token,
             f"{kind} file missing",
-            "check data.root points at a complete nuScenes copy, or set on_corrupt=skip to drop the sample",
+            "check data.root points at a complete nuScenes copy, or set data.on_corrupt=skip to drop the sample",
         )

@@ -29,6 +29,7 @@ from drivebench.accel.threads import pool_kwargs
 from drivebench.data.nuscenes import CAMERAS, LOCATIONS
 from drivebench.data.nuscenes.cache import cached, file_fingerprint
 from drivebench.data.nuscenes.errors import CorruptFileError, DataFileError, MissingFileError, MissingTableError
+from drivebench.errors import load_json
 
 CONVERTER_VERSION = 3  # 2: rotations through pyquaternion, as the devkit (poses move by <= 1.2e-13); 3: attribute_name
 INFO_VERSION = "1.1"  # mmdet3d's data_list format version
@@ -139,6 +140,21 @@ def check_points(path: Path, verify: str) -> str | None:
     return None
 
 
+def _bad_table(table_dir: Path, err: ValueError) -> Exception:
+    """The table the devkit failed on, named: each is parsed again until one fails (on the error path only)."""
+    import json
+
+    from drivebench.errors import json_reason
+
+    for table in sorted(table_dir.glob("*.json")):
+        try:
+            with open(table, "rb") as handle:
+                json.load(handle)
+        except ValueError as bad:
+            return CorruptFileError(str(table), "", f"nuScenes table is not valid JSON ({json_reason(bad)})")
+    return err
+
+
 # ----------------------------------------------------------------------------------------------
 # Per-scene conversion (runs in workers; the devkit object is inherited through fork).
 
@@ -148,7 +164,10 @@ _NUSC: dict[str, Any] = {}
 def _load_devkit(root: str, version: str) -> None:
     from nuscenes.nuscenes import NuScenes
 
-    _NUSC["nusc"] = NuScenes(version=version, dataroot=root, verbose=False)
+    try:
+        _NUSC["nusc"] = NuScenes(version=version, dataroot=root, verbose=False)
+    except ValueError as err:  # a JSONDecodeError from one of the tables: the devkit does not say which
+        raise _bad_table(Path(root) / version, err) from None
     can_dir = Path(root) / "can_bus"
     if can_dir.is_dir():
         from nuscenes.can_bus.can_bus_api import NuScenesCanBus
@@ -438,7 +457,7 @@ def check_tables(root: Path, version: str) -> None:
 def check_map_masks(root: Path, version: str) -> None:
     import json
 
-    for rec in json.loads((root / version / "map.json").read_text()):
+    for rec in load_json(root / version / "map.json"):
         path = root / rec["filename"]
         if not path.exists():
             raise MissingFileError(str(path), "", "map mask (the map table's PNG)")

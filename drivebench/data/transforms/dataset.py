@@ -12,17 +12,25 @@ the previous key frame of the scene went through the same batch slot. A plain in
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
 from drivebench.data.nuscenes import CAMERAS
-from drivebench.data.nuscenes.errors import DataFileError
+from drivebench.data.nuscenes.errors import DataFileError, MissingFileError
+from drivebench.errors import DataError
 from drivebench.data.nuscenes.infos import NAME_MAPPING, InfoIndex
 from drivebench.data.sampling import unpack_key
+
+log = logging.getLogger(__name__)
+SKIP_KINDS = ("missing", "corrupt")  # MissingFileError, any other DataFileError
+_LOGGED_SKIPS = 20  # per process: each names its file; the summary counts all
+_SKIP_ROWS = 65  # the training process + up to 64 loader workers (more share rows, still counted)
 
 
 def record_to_results(record: dict, root: Path) -> dict:
@@ -116,7 +124,10 @@ class NuScenesDataset(Dataset):
         self.on_corrupt = on_corrupt
         self.max_skips = max_skips
         self.epoch = 0
-        self.skipped: Counter = Counter()
+        self.skipped: Counter = Counter()  # by problem, in this process
+        # by kind (missing, corrupt) and process: one row per loader worker (each writes its own row, so no
+        # lock), row 0 for the training process; shared memory, so the training process sees every worker's
+        self._skip_counts = torch.zeros(_SKIP_ROWS, len(SKIP_KINDS), dtype=torch.int64).share_memory_()
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -147,6 +158,23 @@ class NuScenesDataset(Dataset):
             except DataFileError as err:
                 if self.on_corrupt == "fail":
                     raise
-                self.skipped[err.problem] += 1
-        raise RuntimeError(f"{self.max_skips + 1} samples in a row from index {index} have bad files; see the "
-                           f"errors counted in dataset.skipped: {dict(self.skipped)}")
+                self._count_skip(err)
+                last = err
+        raise DataError(f"{self.max_skips + 1} samples in a row from index {index} have bad files (the last: {last}); "
+                        "the data is damaged beyond skipping: restore it, or check data.root")
+
+    def _count_skip(self, err: DataFileError) -> None:
+        self.skipped[err.problem] += 1
+        info = torch.utils.data.get_worker_info()
+        row = 0 if info is None else 1 + info.id % (_SKIP_ROWS - 1)
+        self._skip_counts[row, SKIP_KINDS.index("missing" if isinstance(err, MissingFileError) else "corrupt")] += 1
+        seen = sum(self.skipped.values())
+        if seen <= _LOGGED_SKIPS:
+            log.warning("data.on_corrupt=skip: skipped a sample: %s%s", err, "" if seen < _LOGGED_SKIPS else
+                        " (further skips in this process are counted, not logged: summary data.skipped_in_training)")
+
+    def skip_counts(self) -> dict[str, int]:
+        """Samples skipped so far (``on_corrupt=skip``) by kind, over the training process and every loader
+        worker: what the summary reports as ``data.skipped_in_training``."""
+        totals = self._skip_counts.sum(0).tolist()
+        return {kind: int(n) for kind, n in zip(SKIP_KINDS, totals)}

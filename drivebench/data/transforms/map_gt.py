@@ -74,7 +74,13 @@ class MapGeometryExtractor:
                 from drivebench.data.nuscenes.errors import MissingFileError
 
                 raise MissingFileError(str(path), "", "map expansion")
-            self._maps[location] = NuScenesMapExplorer(NuScenesMap(dataroot=self.dataroot, map_name=location))
+            try:
+                self._maps[location] = NuScenesMapExplorer(NuScenesMap(dataroot=self.dataroot, map_name=location))
+            except (ValueError, KeyError) as err:  # a truncated file: JSONDecodeError names a column, not the file
+                from drivebench.data.nuscenes.errors import CorruptFileError
+
+                raise CorruptFileError(str(path), "", f"map expansion is not valid nuScenes map JSON "
+                                       f"({type(err).__name__}: {str(err)[:160]})") from None
         return self._maps[location]
 
     def extract(self, location: str, lidar2global: np.ndarray) -> list[tuple[int, np.ndarray]]:
