@@ -78,7 +78,8 @@ def write_report(dirs: list[Path], out: Path, targets: list[Target]) -> ReportRe
     files["report.md"] = md
     files.update({f"{name}.png": path for name, path in plots.items()})
     text = terminal_text(runs, targets, runset.problems, runset.warnings, files, convergence)
-    if scaling is not None:
-        text = f"{scaling.text()}\n{text}" if scaling.text() else text
+    if scaling is not None and scaling.text():  # after the other tables, before the list of files written
+        head, sep, written = text.rpartition("\nwritten: ")
+        text = f"{head}\n{scaling.text()}{sep}{written}" if sep else f"{text}\n{scaling.text()}"
     return ReportResult(runs=runs, problems=runset.problems, warnings=runset.warnings, files=files,
                         terminal_text=text)

@@ -86,7 +86,11 @@ def scaling_runs(runs: pd.DataFrame) -> pd.DataFrame:
     part["global_median"] = part["throughput_median"] * scale
     part["global_p10"] = part["throughput_p10"] * scale
     part["global_p90"] = part["throughput_p90"] * scale
-    return part
+    # one device: all its samples are the job's (ranks.global_samples_per_s exists for 2 ranks or more)
+    part["global_samples_per_s"] = part["global_samples_per_s"].where(part["devices"] > 1, part["samples_per_s"])
+    order = part.assign(_job=part["job_num"].fillna(math.inf)).sort_values(["_job", "started"], kind="stable",
+                                                                          na_position="last")
+    return order.drop(columns="_job")  # in launch order: series and P2P lines appear as the sweep ran them
 
 
 def series_label(row: pd.Series) -> str:
@@ -186,7 +190,9 @@ def scaling_table(runs: pd.DataFrame, doctors: list[DoctorRecord] | None = None)
                 "runs": " ".join(point["run"].astype(str)),
             })
     table = pd.DataFrame(rows, columns=COLUMNS)
-    return table.sort_values(["series", "p2p", "devices"], kind="stable").reset_index(drop=True)
+    first = {key: i for i, key in enumerate(dict.fromkeys(zip(table["series"], table["p2p"])))}
+    table["_line"] = [first[key] for key in zip(table["series"], table["p2p"])]
+    return table.sort_values(["_line", "devices"], kind="stable").drop(columns="_line").reset_index(drop=True)
 
 
 def _fmt(value: Any, digits: int = 3, scale: float = 1.0, unit: str = "") -> str:
