@@ -186,3 +186,24 @@ def test_the_report_writes_the_scaling_table_and_figure_for_both_device_counts(r
     assert "## Scaling over devices" in md and "![scaling](scaling.png)" in md and "`dist.p2p=on`" in md
     assert "260 (min 250) GB/s" in md
     assert "scaling over devices:" in result.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_on_gpus_a_job_asking_for_one_gpu_too_many_is_skipped_and_the_sweep_goes_on(tmp_path, drivebench_cache):
+    """The whole path on a GPU machine: the launcher's device check, the skipped summary, the next job."""
+    import torch
+
+    too_many = torch.cuda.device_count() + 1
+    sweep_dir = tmp_path / "sweep"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(REPO)])),
+           "DRIVEBENCH_CACHE": str(drivebench_cache)}
+    result = subprocess.run([sys.executable, "-m", "drivebench", "-m", "+experiment=scaling", *TINY,
+                             f"dist.devices={too_many},1", "dist.p2p=on", f"hydra.sweep.dir={sweep_dir}"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    skipped = json.loads((sweep_dir / f"0_maptr_max_{too_many}dev_p2p-on" / "summary.json").read_text())
+    assert skipped["run"]["status"] == "skipped" and skipped["skipped"]["gpus_here"] == too_many - 1
+    assert f"drivebench: skipped: dist.devices={too_many} but this machine has {too_many - 1} GPU(s)" in result.stderr
+    ran = json.loads((sweep_dir / "1_maptr_max_1dev_p2p-on" / "summary.json").read_text())
+    assert ran["run"]["status"] == "completed"

@@ -5,7 +5,8 @@
 # or checkpoints (drivebench/conf/experiment/scaling.yaml). One part per device call (each under ~9.5 min):
 #   bash scripts/device/bench22.sh d > /dev/null 2>&1; tail -c 11000 $OUT/log.txt
 #   d   the doctor on all GPUs: NCCL all-reduce between every pair, P2P on and off, its dist.p2p verdict
-#       (doctor.json, which the report reads for the bus bandwidth)                        (~2-4 min)
+#       (doctor.json, which the report reads for the bus bandwidth), then the GPU test of a skipped job
+#       (tests/test_scaling.py -m gpu: dist.devices = GPUs + 1 is skipped, the sweep goes on)  (~3-5 min)
 #   q1  QCNet paper: 1 GPU (P2P on), 2 and 4 GPUs (on, off)                               (~5 jobs x 80 s)
 #   q2  QCNet: 8 GPUs (on, off)
 #   m1  MapTR tiny: 1 GPU (on), 2 and 4 GPUs (on, off)                                    (~5 jobs x 70 s)
@@ -61,7 +62,7 @@ model() {  # PART -> the model of that part
 M=$(model "$PART")
 case "$PART" in
   d) log "=== doctor on $GPUS GPUs"
-     timeout -k 5 $(( $(left) - 30 )) python3 -m drivebench.doctor dist=ddp doctor.json="$RUNS/doctor/doctor.json" \
+     timeout -k 5 $(( $(left) - 200 )) python3 -m drivebench.doctor dist=ddp doctor.json="$RUNS/doctor/doctor.json" \
        > "$RUNS/doctor.txt" 2>&1
      log "rc=$?"; grep -E "gpu\.|versions\.nccl|versions\.driver|fix:" "$RUNS/doctor.txt" | cut -c1-600 | tee -a "$OUT/log.txt"
      python3 - "$RUNS/doctor/doctor.json" <<'EOF' 2>&1 | tee -a "$OUT/log.txt"
@@ -76,7 +77,10 @@ for side in ("on", "off"):
     print(f"all-reduce bus bw, P2P {side}: median {med:.0f} GB/s, min {low:.0f} GB/s over {len(r.busbw[side])} pairs")
 print(f"P2P verdict on {r.hostname}: dist.p2p={r.verdict}")
 EOF
-     bundle ;;
+     bundle
+     log "=== pytest -m gpu tests/test_scaling.py (a job asking for one GPU more than the host has is skipped)"
+     timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu --tb=line tests/test_scaling.py > "$OUT/pytest_gpu.txt" 2>&1
+     grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.txt" | tail -6 | tee -a "$OUT/log.txt" ;;
   q1|m1) sweep ${M}_1gpu 200 model=$M dist.devices=1 dist.p2p=on
          sweep ${M}_2_4gpu 380 model=$M dist.devices=2,4 dist.p2p=on,off ;;
   q2|m2|s3|g3) sweep ${M}_8gpu 540 model=$M dist.devices=8 dist.p2p=on,off ;;
