@@ -17,7 +17,6 @@ measure instead of stopping at the first 8-device job.
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import sys
 import time
 from pathlib import Path
@@ -26,8 +25,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from drivebench.errors import ConfigError, bad_choice
-
-log = logging.getLogger("drivebench")
 
 UPSTREAM_DEVICES = 8  # experiment.global_batch=null: the global batch of upstream's 8-GPU recipes
 SKIPPED = "skipped"

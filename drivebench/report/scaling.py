@@ -36,6 +36,7 @@ import pandas as pd
 
 from drivebench.report.labels import hardware_label
 from drivebench.report.loading import SKIPPED, Problem
+from drivebench.report.tables import fmt, to_markdown, to_text
 
 EXPERIMENT = "scaling"
 SERIES = ["hardware", "machine_profile", "model", "model_size", "data", "experiment_batch", "_batch"]
@@ -195,17 +196,11 @@ def scaling_table(runs: pd.DataFrame, doctors: list[DoctorRecord] | None = None)
     return table.sort_values(["_line", "devices"], kind="stable").drop(columns="_line").reset_index(drop=True)
 
 
-def _fmt(value: Any, digits: int = 3, scale: float = 1.0, unit: str = "") -> str:
-    from drivebench.report.tables import fmt
-
-    return fmt(value, digits=digits, scale=scale, unit=unit)
-
-
 def scaling_display(table: pd.DataFrame) -> pd.DataFrame:
     """The scaling table as report.md and the terminal show it."""
     def throughput(r: pd.Series) -> str:
-        lo, hi = _fmt(r["samples_per_s_p10"]), _fmt(r["samples_per_s_p90"])
-        return f"{_fmt(r['samples_per_s'])} [{lo}-{hi}]" if lo and hi else _fmt(r["samples_per_s"])
+        lo, hi = fmt(r["samples_per_s_p10"]), fmt(r["samples_per_s_p90"])
+        return f"{fmt(r['samples_per_s'])} [{lo}-{hi}]" if lo and hi else fmt(r["samples_per_s"])
 
     def busbw(r: pd.Series) -> str:
         if math.isnan(r["busbw_gbs_median"]):
@@ -214,12 +209,12 @@ def scaling_display(table: pd.DataFrame) -> pd.DataFrame:
 
     shown = pd.DataFrame({
         "series": table["series"], "devices": table["devices"].astype(str), "P2P": table["p2p"],
-        "batch / device": table["batch_per_device"].map(_fmt), "global batch": table["global_batch"].map(_fmt),
+        "batch / device": table["batch_per_device"].map(fmt), "global batch": table["global_batch"].map(fmt),
         "samples/s, all devices (median step [p10-p90])": [throughput(r) for _, r in table.iterrows()],
-        "efficiency (vs N x 1 device)": table["efficiency"].map(lambda v: _fmt(v, scale=100, unit="%")),
-        "samples/s (all ranks, wall)": table["global_samples_per_s_wall"].map(_fmt),
-        "step (median)": table["step_s_median"].map(lambda v: _fmt(v, unit=" s")),
-        "data wait (worst rank)": table["data_wait_max_rank"].map(lambda v: _fmt(v, scale=100, unit="%")),
+        "efficiency (vs N x 1 device)": table["efficiency"].map(lambda v: fmt(v, scale=100, unit="%")),
+        "samples/s (all ranks, wall)": table["global_samples_per_s_wall"].map(fmt),
+        "step (median)": table["step_s_median"].map(lambda v: fmt(v, unit=" s")),
+        "data wait (worst rank)": table["data_wait_max_rank"].map(lambda v: fmt(v, scale=100, unit="%")),
         "doctor all-reduce bus bw (pairs)": [busbw(r) for _, r in table.iterrows()],
         "host": table["hosts"], "run": table["runs"],
     })
@@ -289,8 +284,6 @@ class ScalingSection:
     doctors: list[DoctorRecord] = field(default_factory=list)
 
     def markdown(self) -> str:
-        from drivebench.report.tables import to_markdown
-
         parts = ["## Scaling over devices", "",
                  "`+experiment=scaling` jobs. Samples/s, all devices: rank 0's median per-step throughput times the "
                  "world size (p10-p90 likewise); the wall figure beside it is all ranks' samples over the slowest "
@@ -316,8 +309,6 @@ class ScalingSection:
         return "\n".join(parts)
 
     def text(self) -> str:
-        from drivebench.report.tables import to_text
-
         lines = []
         if not self.table.empty:
             lines += ["scaling over devices:", to_text(scaling_display(self.table).drop(columns=["run"]))]
