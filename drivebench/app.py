@@ -166,7 +166,12 @@ def check_before_start(cfg: DictConfig) -> None:
     build(cfg.data.source)
     machine = detect_machine(cfg.machine.accelerator)
     accelerator = "gpu" if machine.accelerator == "cuda" else "cpu"
-    processes = resolve_devices(cfg.dist, len(machine.gpus), accelerator)
+    try:
+        processes = resolve_devices(cfg.dist, len(machine.gpus), accelerator)
+    except TooFewDevices:
+        if not skips_unavailable_devices(cfg):
+            raise
+        return  # the job records itself as skipped when it starts (drivebench.scaling): nothing else of it runs
     accel_cfg = OmegaConf.to_container(cfg.accel, resolve=True)
     accel = AccelSettings.resolve(accel_cfg, machine, processes)
     accel.thread_budget(accel_cfg["threads"], machine, processes)
