@@ -31,11 +31,13 @@ from drivebench.accel.threads import ThreadBudget
 from drivebench.ckpt.store import CheckpointWriteError
 from drivebench.data.datamodule import DriveDataModule
 from drivebench.data.device_transfer import DeviceTransform
-from drivebench.dist import DistJob, RankFailed, apply_p2p, build_strategy, patch_rank_launch_command, resolve_devices
+from drivebench.dist import (DistJob, RankFailed, TooFewDevices, apply_p2p, build_strategy, patch_rank_launch_command,
+                             resolve_devices)
 from drivebench.errors import ConfigError, DataError, data_error_in_worker
 from drivebench.lit.base import DriveModule
 from drivebench.models.registry import get_spec
 from drivebench.perf.machine import MachineInfo, detect_machine
+from drivebench.scaling import apply_batch, skips_unavailable_devices, write_skipped
 from drivebench.schemas import check as check_schemas
 from drivebench.secrets import redact, redact_text, scrub_hydra_dir, secret_values
 from drivebench.signals import STOP, Interrupted
@@ -126,6 +128,7 @@ def _validate(cfg: DictConfig) -> None:
     _check_positive(cfg, "model.batch_size")
     _check_positive(cfg, "model.val_batch_size")
     check_schemas(cfg)  # what Hydra's composition lets through: keys added with +, auto-or-number knobs
+    apply_batch(cfg)  # experiment.batch=global: this job's share of the global batch (drivebench.scaling)
     if OmegaConf.select(cfg, "callbacks.step_timer") is None:
         raise ConfigError("callbacks.step_timer=null is not valid: the step timer is the benchmark's clock "
                           "(every figure of summary.json comes from it); remove other callbacks, not this one")
@@ -163,7 +166,12 @@ def check_before_start(cfg: DictConfig) -> None:
     build(cfg.data.source)
     machine = detect_machine(cfg.machine.accelerator)
     accelerator = "gpu" if machine.accelerator == "cuda" else "cpu"
-    processes = resolve_devices(cfg.dist, len(machine.gpus), accelerator)
+    try:
+        processes = resolve_devices(cfg.dist, len(machine.gpus), accelerator)
+    except TooFewDevices:
+        if not skips_unavailable_devices(cfg):
+            raise
+        return  # the job records itself as skipped when it starts (drivebench.scaling): nothing else of it runs
     accel_cfg = OmegaConf.to_container(cfg.accel, resolve=True)
     accel = AccelSettings.resolve(accel_cfg, machine, processes)
     accel.thread_budget(accel_cfg["threads"], machine, processes)
@@ -318,6 +326,11 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         _exit_interrupted(Interrupted(signal.SIGINT))
     except SIGTERMException:  # Lightning's SIGTERM handling, if it ever runs before ours (a SystemExit)
         _exit_interrupted(Interrupted(signal.SIGTERM))
+    except TooFewDevices as err:
+        if not skips_unavailable_devices(cfg):
+            print(f"drivebench: error: {err}", file=sys.stderr)
+            sys.exit(2)
+        return write_skipped(cfg, output_dir, str(err).split(";")[0])  # the sweep goes on with its next job
     except (ConfigError, DataError) as err:
         print(f"drivebench: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -152,6 +152,11 @@ def check_launch_env(environ: dict[str, str] | None = None) -> None:
                           "start them, or launch with torchrun --nproc_per_node=N")
 
 
+class TooFewDevices(ConfigError):
+    """``dist.devices`` asks for more GPUs than this machine has (a sweep may skip such a job:
+    ``experiment.unavailable_devices=skip``, :mod:`drivebench.scaling`)."""
+
+
 def resolve_devices(dist_cfg: Any, num_gpus: int, accelerator: str) -> int:
     """Processes per node: ``dist.devices`` checked against this machine (auto = every GPU)."""
     devices = dist_cfg.devices
@@ -160,8 +165,8 @@ def resolve_devices(dist_cfg: Any, num_gpus: int, accelerator: str) -> int:
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ConfigError(f"dist.devices={devices!r} is not valid; use a whole number >= 1 or auto")
     if accelerator == "gpu" and devices > num_gpus:
-        raise ConfigError(f"dist.devices={devices} but this machine has {num_gpus} GPU(s); lower dist.devices "
-                          f"(or use dist.devices=auto)")
+        raise TooFewDevices(f"dist.devices={devices} but this machine has {num_gpus} GPU(s); lower dist.devices "
+                            f"(or use dist.devices=auto)")
     return devices
 
 

@@ -343,6 +343,34 @@ class MachineConfig:
         _positive("machine", self, "mem_gb_per_gpu", optional=True)
 
 
+# ---- experiment: a named sweep's own keys (conf/experiment/*.yaml that declare an ``experiment`` node) --
+BATCH_MODES = ("per_device", "global")
+UNAVAILABLE_DEVICES = ("skip", "error")
+
+
+@dataclass
+class ScalingExperimentConfig:
+    """``+experiment=scaling``: how the batch follows the device count, and what a job asking for more
+    GPUs than the machine has does. ``devices`` and ``model_batch`` are interpolations of ``dist.devices``
+    and ``model.batch_size``, here so that the batch rule is checked for every job of the sweep while
+    Hydra composes it, before the first job starts (``drivebench.scaling`` applies it)."""
+
+    name: str = MISSING
+    batch: str = MISSING                 # per_device | global
+    global_batch: Optional[int] = MISSING  # null = 8 x model_batch
+    unavailable_devices: str = MISSING   # skip | error
+    devices: Any = MISSING
+    model_batch: Any = MISSING
+
+    def __post_init__(self) -> None:
+        from drivebench.scaling import per_device_batch
+
+        per_device_batch(self.batch, self.global_batch, self.devices, self.model_batch)
+        if self.unavailable_devices not in UNAVAILABLE_DEVICES:
+            raise ConfigError(f"experiment.unavailable_devices={self.unavailable_devices!r} is not valid; "
+                              f"choose one of: {', '.join(UNAVAILABLE_DEVICES)}")
+
+
 # ---- the top level (conf/config.yaml) ------------------------------------------------------------------
 @dataclass
 class PathsConfig:
@@ -370,6 +398,7 @@ class DrivebenchConfig:
     callbacks: Any = MISSING
     logger: Any = MISSING
     machine: Any = MISSING
+    experiment: Any = None   # a named sweep's own keys, when it declares them (+experiment=scaling)
 
 
 # ---- the other commands' own options (drivebench report / doctor) -------------------------------------
@@ -411,6 +440,7 @@ SCHEMAS: dict[str, type] = {
     "schema_data_mmdet3d": MMDet3DDataConfig,
     "schema_trainer": TrainerConfig,
     "schema_machine": MachineConfig,
+    "schema_experiment_scaling": ScalingExperimentConfig,
     "drivebench_report": ReportCommand,
     "drivebench_doctor": DoctorCommand,
 }

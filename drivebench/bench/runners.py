@@ -463,6 +463,9 @@ class TrainBench:
                 "trainable_parameters": sum(p.numel() for p in run.module.net.parameters() if p.requires_grad),
             },
             "targets": self.targets,
+            # a named sweep's own keys as this job used them (+experiment=scaling: the batch rule)
+            **({"experiment": OmegaConf.to_container(cfg.experiment, resolve=True)}
+               if cfg.get("experiment") is not None else {}),
             "memory": {},
             "config": redact(OmegaConf.to_container(cfg, resolve=True)),
             "paths": {"output_dir": str(run.output_dir)},

@@ -26,6 +26,7 @@ from drivebench.report.labels import (accel_overrides, command_overrides, hardwa
 
 KNOWN_SCHEMA_VERSIONS = (1,)
 COMPLETED = "completed"
+SKIPPED = "skipped"
 
 
 @dataclass
@@ -33,7 +34,7 @@ class Problem:
     """A run the report could not use, and why (shown in report.md and on the terminal)."""
 
     run_dir: Path
-    kind: str  # crashed | unreadable
+    kind: str  # crashed | unreadable | skipped
     reason: str
     model: str | None = None
     accel: str | None = None
@@ -65,6 +66,12 @@ def num(value: Any) -> float:
         return math.nan
     value = float(value)
     return value if math.isfinite(value) else math.nan
+
+
+def _most(values: Any) -> float:
+    """The largest finite number of ``values`` (NaN when there is none)."""
+    finite = [v for v in map(num, values) if not math.isnan(v)]
+    return max(finite) if finite else math.nan
 
 
 def _read_yaml(path: Path) -> Any:
@@ -149,6 +156,9 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
         "bench": r.get("compare_as") or r.get("bench"),
         "runner": r.get("runner") or "drivebench",
         "dist": r.get("dist"),
+        "p2p": dig(summary, "dist", "p2p", "applied"),           # DDP runs: the NCCL P2P setting in effect
+        "experiment": dig(summary, "experiment", "name"),       # a named sweep that recorded its own keys
+        "experiment_batch": dig(summary, "experiment", "batch"),  # +experiment=scaling: per_device | global
         "seed": num(r.get("seed")),
         "targets": " ".join(map(str, summary.get("targets") or [])),
         "accel": accel_name,
@@ -172,6 +182,9 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
         "global_samples_per_s": num(train.get("global_samples_per_s")),
         "step_s_median": num(dig(train, "step_s", "median")),
         "data_wait_fraction": num(train.get("data_wait_fraction")),
+        # DDP: the highest data-wait share of any rank (the one that holds the others at the all-reduce)
+        "data_wait_fraction_max_rank": _most(r.get("data_wait_fraction") for r in dig(summary, "ranks", "per_rank") or []
+                                             if isinstance(r, dict)),
         "data_wait_s_median": num(dig(train, "data_wait_s", "median")),
         "loop_overhead_fraction": num(train.get("loop_overhead_fraction")),
         "h2d_s_median": num(dig(train, "h2d_s", "median")),
@@ -238,6 +251,9 @@ def read_summary(run: RunDir) -> tuple[dict[str, Any] | None, Problem | None]:
     if not isinstance(summary, dict):
         return None, Problem(run.path, "unreadable", f"{run.summary} holds no JSON object", model, accel)
     status = dig(summary, "run", "status")
+    if status == SKIPPED:  # a sweep's job the machine could not hold (drivebench.scaling): its reason
+        return None, Problem(run.path, SKIPPED, str(dig(summary, "skipped", "reason") or "skipped"),
+                             dig(summary, "run", "model") or model, dig(summary, "run", "accel") or accel)
     if status != COMPLETED:
         return None, Problem(run.path, "crashed", f"status is {status!r}, not {COMPLETED!r}",
                              dig(summary, "run", "model") or model, dig(summary, "run", "accel") or accel)

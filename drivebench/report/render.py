@@ -11,6 +11,7 @@ from drivebench.report.analysis import Target, analyse, with_recorded_targets
 from drivebench.report.convergence import convergence_table, convergence_targets
 from drivebench.report.loading import Problem, RunSet, load_runs
 from drivebench.report.plots import save_plots
+from drivebench.report.scaling import write_scaling
 from drivebench.report.tables import (convergence_display, main_table, problems_table, to_text, write_csv,
                                      write_markdown)
 
@@ -67,10 +68,18 @@ def write_report(dirs: list[Path], out: Path, targets: list[Target]) -> ReportRe
         frames = [table.assign(target=label) for label, table in convergence.items()]
         files["convergence.csv"] = out / "convergence.csv"
         write_csv(files["convergence.csv"], pd.concat(frames, ignore_index=True))
+    scaling = write_scaling(runs, runset.problems, dirs, out)  # +experiment=scaling jobs: None without any
     md = out / "report.md"
     write_markdown(md, runs, targets, runset.problems, runset.warnings, plots, dirs, convergence)
+    if scaling is not None:
+        with md.open("a") as fh:
+            fh.write("\n" + scaling.markdown())
+        files.update(scaling.files)
     files["report.md"] = md
     files.update({f"{name}.png": path for name, path in plots.items()})
     text = terminal_text(runs, targets, runset.problems, runset.warnings, files, convergence)
+    if scaling is not None and scaling.text():  # after the other tables, before the list of files written
+        head, sep, written = text.rpartition("\nwritten: ")
+        text = f"{head}\n{scaling.text()}{sep}{written}" if sep else f"{text}\n{scaling.text()}"
     return ReportResult(runs=runs, problems=runset.problems, warnings=runset.warnings, files=files,
                         terminal_text=text)
