@@ -31,6 +31,7 @@ from drivebench.accel.threads import ThreadBudget
 from drivebench.ckpt.store import CheckpointWriteError
 from drivebench.data.datamodule import DriveDataModule
 from drivebench.data.device_transfer import DeviceTransform
+from drivebench.data.streaming import check_streams
 from drivebench.dist import (DistJob, RankFailed, TooFewDevices, apply_p2p, build_strategy, patch_rank_launch_command,
                              resolve_devices)
 from drivebench.errors import ConfigError, DataError, data_error_in_worker
@@ -127,6 +128,7 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(str(err)) from err
     _check_positive(cfg, "model.batch_size")
     _check_positive(cfg, "model.val_batch_size")
+    OmegaConf.to_container(cfg.model, resolve=True)  # every ${pick:...} of the model (its recipe), used or not yet
     check_schemas(cfg)  # what Hydra's composition lets through: keys added with +, auto-or-number knobs
     apply_batch(cfg)  # experiment.batch=global: this job's share of the global batch (drivebench.scaling)
     if OmegaConf.select(cfg, "callbacks.step_timer") is None:
@@ -227,6 +229,9 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     transform = build(cfg.model.transform) if cfg.model.get("transform") else None
     collate = build(cfg.model.collate) if cfg.model.get("collate") else None
     batch_sampler = build(cfg.model.batch_sampler) if cfg.model.get("batch_sampler") else None
+    if batch_sampler is not None and hasattr(source, "known_sequences"):  # streaming slots, before data work
+        check_streams(cfg.model.batch_size, processes * int(cfg.dist.num_nodes), source.known_sequences("train"),
+                      split=f"training split of data.size={cfg.data.size}")
     net = build(cfg.model.net)
     checkpointing = accel.apply_activation_checkpointing(net, machine, cfg.model.batch_size)  # before compile
     if accel.channels_last:
