@@ -45,6 +45,7 @@ from drivebench.perf.ceiling import CeilingDataModule
 from drivebench.perf.loader_wait import LoaderWaitProfiler
 from drivebench.perf.machine import filesystem_of
 from drivebench.perf.profiler import ProfileSteps
+from drivebench.perf.progress import StepProgressBar
 from drivebench.perf.stats import describe
 from drivebench.perf.summary import SCHEMA_VERSION, loss_summary, phase_stats, render_table, write_summary
 from drivebench.perf.system import SystemMonitor
@@ -83,8 +84,12 @@ def step_timer(run: Run, phase: str, warmup_steps: int, monitor: SystemMonitor, 
 
 
 def configured_callbacks(run: Run) -> list[pl.Callback]:
-    """Every other entry of the callbacks group, in order (an entry set to null is left out)."""
-    return [build(node) for name, node in run.cfg.callbacks.items() if name != STEP_TIMER and node is not None]
+    """Every other entry of the callbacks group, in order (an entry set to null is left out; the
+    progress bar also with ``+trainer.enable_progress_bar=false``, which Lightning refuses beside one)."""
+    callbacks = [build(node) for name, node in run.cfg.callbacks.items() if name != STEP_TIMER and node is not None]
+    if OmegaConf.select(run.cfg, "trainer.enable_progress_bar") is False:
+        callbacks = [cb for cb in callbacks if not isinstance(cb, pl.callbacks.ProgressBar)]
+    return callbacks
 
 
 class TrainBench:
@@ -376,6 +381,10 @@ class TrainBench:
         ceiling = CeilingDataModule(next(iter(loader)), steps, run.datamodule.device_transform)
         timer = step_timer(run, "ceiling", self.ceiling_warmup_steps, monitor)
         callbacks: list[pl.Callback] = ([FreezeHeap()] if run.accel.gc_freeze else []) + [timer]
+        bars = [cb for cb in configured_callbacks(run) if isinstance(cb, StepProgressBar)]
+        for bar in bars:
+            bar.phase = CEILING
+        callbacks += bars
         trainer = pl.Trainer(
             **run.trainer_kwargs(), logger=phase_logger(logger, CEILING), callbacks=callbacks, max_steps=steps,
             max_epochs=-1,

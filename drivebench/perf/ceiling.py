@@ -50,6 +50,12 @@ class CeilingDataModule(DeviceTransferDataModule):
     def train_dataloader(self) -> _SameBatch:
         return _SameBatch(self.host_batch, self.steps)
 
+    def val_dataloader(self) -> list:
+        """No validation batches: the ceiling only steps (its trainer sets ``limit_val_batches=0``, so
+        Lightning never asks). Defined so that the model's ``validation_step`` meets a datamodule that
+        says it has no validation, instead of one Lightning warns lacks a ``val_dataloader``."""
+        return []
+
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         if self.resident is None or self._device != device:
             moved = super().transfer_batch_to_device(batch, device, dataloader_idx)
