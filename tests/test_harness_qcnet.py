@@ -89,13 +89,26 @@ def test_tensorboard_events_hold_the_perf_scalars(full_run: Path):
     assert [e.step for e in acc.Scalars("validate/val/minFDE")] == [40]  # at the step of the weights it scored
 
 
-@pytest.mark.parametrize("preset", ["none", "cpu", "torch", "max"])
-def test_every_accel_preset_runs(preset: str, drivebench_cache: Path, tmp_path: Path):
-    proc = run_cli([*TEST_SIZE, f"accel={preset}", "trainer.max_steps=3", "bench.warmup_steps=1", *FAST,
-                    f"hydra.run.dir={tmp_path}"], drivebench_cache)
+PRESETS = ["none", "cpu", "torch", "max"]
+
+
+@pytest.fixture(scope="module")
+def preset_sweep(drivebench_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every preset as one Hydra multirun: one process start-up instead of four (each run is a job)."""
+    sweep = tmp_path_factory.mktemp("presets") / "sweep"
+    proc = run_cli(["-m", *TEST_SIZE, f"accel={','.join(PRESETS)}", "trainer.max_steps=3", "bench.warmup_steps=1",
+                    *FAST, f"hydra.sweep.dir={sweep}"], drivebench_cache)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["run"]["accel"] == preset and s["train"]["steps_measured"] == 2
+    return sweep
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_accel_preset_runs(preset: str, preset_sweep: Path):
+    found = [json.loads(p.read_text()) for p in preset_sweep.glob("*/summary.json")]
+    mine = [s for s in found if s["run"]["accel"] == preset]
+    assert len(found) == len(PRESETS) and len(mine) == 1, sorted(s["run"]["accel"] for s in found)
+    s = mine[0]
+    assert s["run"]["status"] == "completed" and s["train"]["steps_measured"] == 2
     if preset == "max":  # prefetch_across_epochs: one loader iterator for the whole run
         assert s["data"]["epoch_stream"]["iterator_starts"] == 1
 

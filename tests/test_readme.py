@@ -106,3 +106,10 @@ def test_a_readme_command_runs_on_the_cpu_at_its_defaults(command: str, tmp_path
         assert len(summaries) == len(jobs) >= 2, (sorted(p.name for p in jobs), summaries)
     for noise in NOT_ON_THE_CONSOLE:
         assert noise not in output, f"{noise!r} on the console of {command}"
+    if "resume=auto" in command:  # nothing under paths.outputs_root (./outputs here) to resume: it says so
+        import json
+
+        run = json.loads(summaries[0].read_text())["run"]
+        assert run["resumed_from"] is None
+        line = next(line for line in result.stdout.splitlines() if line.startswith("resumed from"))
+        assert "no checkpoint of qcnet/" in line and "started fresh" in line
