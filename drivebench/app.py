@@ -31,6 +31,7 @@ from drivebench.accel.threads import ThreadBudget
 from drivebench.ckpt.store import CheckpointWriteError
 from drivebench.data.datamodule import DriveDataModule
 from drivebench.data.device_transfer import DeviceTransform
+from drivebench.data.streaming import check_streams
 from drivebench.dist import (DistJob, RankFailed, TooFewDevices, apply_p2p, build_strategy, patch_rank_launch_command,
                              resolve_devices)
 from drivebench.errors import ConfigError, DataError, data_error_in_worker
@@ -127,6 +128,7 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(str(err)) from err
     _check_positive(cfg, "model.batch_size")
     _check_positive(cfg, "model.val_batch_size")
+    OmegaConf.to_container(cfg.model, resolve=True)  # every ${pick:...} of the model (its recipe), used or not yet
     check_schemas(cfg)  # what Hydra's composition lets through: keys added with +, auto-or-number knobs
     apply_batch(cfg)  # experiment.batch=global: this job's share of the global batch (drivebench.scaling)
     if OmegaConf.select(cfg, "callbacks.step_timer") is None:
@@ -152,6 +154,15 @@ def _validate(cfg: DictConfig) -> None:
 _DIRECTORIES = ("hydra.run.dir", "hydra.sweep.dir", "paths.cache", "paths.outputs_root", "ckpt.dir")
 
 
+def _check_streaming_batch(cfg: DictConfig, source: Any, processes: int) -> None:
+    """A streaming batch sampler (SparseDrive) gives every batch slot of every rank its own driving
+    sequence: refuse a batch the embedded set's sequences cannot feed (a real root is checked once its
+    infos are loaded, by the sampler itself)."""
+    if cfg.model.get("batch_sampler") and hasattr(source, "known_sequences"):
+        check_streams(cfg.model.batch_size, processes * int(cfg.dist.num_nodes), source.known_sequences("train"),
+                      split=f"training split of data.size={cfg.data.size}")
+
+
 def check_before_start(cfg: DictConfig) -> None:
     """Every check a run makes of its config before any work, made before Hydra starts the job (the
     ``drivebench`` command runs it on each job it composed, with ``return_hydra_config``): the values
@@ -163,7 +174,7 @@ def check_before_start(cfg: DictConfig) -> None:
     validate(cfg)
     build(cfg.bench)
     _check_directories(cfg)
-    build(cfg.data.source)
+    source = build(cfg.data.source)
     machine = detect_machine(cfg.machine.accelerator)
     accelerator = "gpu" if machine.accelerator == "cuda" else "cpu"
     try:
@@ -172,6 +183,7 @@ def check_before_start(cfg: DictConfig) -> None:
         if not skips_unavailable_devices(cfg):
             raise
         return  # the job records itself as skipped when it starts (drivebench.scaling): nothing else of it runs
+    _check_streaming_batch(cfg, source, processes)
     accel_cfg = OmegaConf.to_container(cfg.accel, resolve=True)
     accel = AccelSettings.resolve(accel_cfg, machine, processes)
     accel.thread_budget(accel_cfg["threads"], machine, processes)
@@ -227,6 +239,7 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     transform = build(cfg.model.transform) if cfg.model.get("transform") else None
     collate = build(cfg.model.collate) if cfg.model.get("collate") else None
     batch_sampler = build(cfg.model.batch_sampler) if cfg.model.get("batch_sampler") else None
+    _check_streaming_batch(cfg, source, processes)  # before any data work
     net = build(cfg.model.net)
     checkpointing = accel.apply_activation_checkpointing(net, machine, cfg.model.batch_size)  # before compile
     if accel.channels_last:

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -258,14 +259,31 @@ def test_torchrun_multirun_keeps_one_sweep_dir_and_runs_every_job(drivebench, tm
     assert len(records(probe, "samples")) == 4  # two jobs trained on both ranks
 
 
+def _timed_lines(stream, into: list[tuple[float, str]]) -> threading.Thread:
+    """Read ``stream`` line by line into ``into`` as (monotonic time, line), in a thread; at its end
+    (every process holding the pipe has closed it) one more entry, (time, "")."""
+    def pump() -> None:
+        for line in stream:
+            into.append((time.monotonic(), line))
+        into.append((time.monotonic(), ""))
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_a_dead_or_stuck_rank_stops_the_run_naming_it(drivebench, tmp_path):
     """Three runs, two at a time (the stuck one mostly waits): rank 1 exits abruptly after step 2 in one,
     stops responding after step 2 in another; in the third rank 0, the process that launched rank 1, exits
     abruptly (as the OOM killer would end it), and rank 1 says so by name. Hard time limits: a hang fails
-    the test."""
+    the test.
+
+    The limits count from the fault (the line the faulty rank prints as it exits or stops), not from the
+    start: start-up and two steps take what a loaded 2-core machine gives them (CI once took 87.6 s for
+    a whole run against a fixed 84 s), while what is tested, noticing the fault, does not scale with it."""
     import psutil
 
     timeout_s = 24  # also bounds the rendezvous, so it must exceed a rank's start-up time here
+    after_fault_s = timeout_s + 36  # the timeout, then the launcher ending the other rank and the report
     args = [*RUN, *DDP, "trainer.max_steps=200", f"dist.timeout_minutes={timeout_s / 60}"]
     fault = {"DRIVEBENCH_FAULT_EXIT_RANK": "1", "DRIVEBENCH_FAULT_EXIT_STEP": "2"}
     runs = {}
@@ -273,16 +291,24 @@ def test_a_dead_or_stuck_rank_stops_the_run_naming_it(drivebench, tmp_path):
     def start(kind: str, extra: dict[str, str]) -> None:
         cwd = tmp_path / kind
         cwd.mkdir()
-        runs[kind] = (time.monotonic(), subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "drivebench", *args, f"hydra.run.dir={cwd / 'run'}"], cwd=cwd,
-            env=drivebench.env(cwd, {**fault, **extra}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            env=drivebench.env(cwd, {**fault, **extra}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines: list[tuple[float, str]] = []
+        runs[kind] = (proc, lines, [_timed_lines(proc.stdout, []), _timed_lines(proc.stderr, lines)])
 
     outcome = {}
 
     def finish(kind: str) -> None:
-        started, proc = runs[kind]
-        _, err = proc.communicate(timeout=150)  # until every rank has closed the pipes (rank 1 outlives rank 0)
-        outcome[kind] = (proc.returncode, err, time.monotonic() - started, proc.pid)
+        proc, lines, pumps = runs[kind]
+        proc.wait(timeout=240)
+        for pump in pumps:  # until every rank has closed the pipes (rank 1 outlives rank 0)
+            pump.join(timeout=150)
+        assert not any(pump.is_alive() for pump in pumps), f"a rank of the {kind} run still holds its pipes"
+        ended = lines[-1][0]  # when the stderr pipe closed, however late this finish() came
+        fault_at = next((t for t, line in lines if "drivebench: fault injection: rank" in line), None)
+        assert fault_at is not None, "".join(line for _, line in lines)[-3000:]
+        outcome[kind] = (proc.returncode, "".join(line for _, line in lines), ended - fault_at, proc.pid)
 
     start("dead", {})
     start("stuck", {"DRIVEBENCH_FAULT_HANG": "1"})
@@ -291,24 +317,24 @@ def test_a_dead_or_stuck_rank_stops_the_run_naming_it(drivebench, tmp_path):
     finish("stuck")
     finish("rank0")
 
-    code, err, elapsed, _ = outcome["dead"]
+    code, err, after_fault, _ = outcome["dead"]
     assert code != 0 and "fault injection: rank 1 exits abruptly" in err
     last = [line for line in err.splitlines() if line.strip()][-2:]
     assert any("rank 1 (pid " in line and f"exited with code {FAULT_EXIT_CODE}" in line for line in last), last
-    assert elapsed < 60 + timeout_s  # gloo notices the closed connection at once; the timeout is the bound
+    assert after_fault < after_fault_s  # gloo notices the closed connection at once; the timeout is the bound
 
-    code, err, elapsed, _ = outcome["stuck"]
+    code, err, after_fault, _ = outcome["stuck"]
     assert code != 0 and "fault injection: rank 1 stops responding" in err
     assert "rank 1 (pid " in err and "dist.timeout_minutes" in err and "timeout" in err.lower()
-    assert elapsed < 60 + timeout_s  # start-up, two steps, then the timeout: not more
+    assert after_fault < after_fault_s  # the timeout after the fault: not more
 
-    code, err, elapsed, rank0_pid = outcome["rank0"]  # the process started here is rank 0
+    code, err, after_fault, rank0_pid = outcome["rank0"]  # the process started here is rank 0
     assert code == FAULT_EXIT_CODE and "fault injection: rank 0 exits abruptly" in err, err[-3000:]
     (line,) = [x for x in err.splitlines() if x.startswith("drivebench: error:")]  # rank 1's, one line
     assert line.startswith(f"drivebench: error: rank 0 (pid {rank0_pid}, the process that launched this one) "
                            "ended during the run"), line
     assert line.endswith("rank 1 stopped because its peer is gone") and "Traceback" not in err, err[-3000:]
-    assert elapsed < 60 + timeout_s  # rank 1 notices in its next collective, or its watch does after 10 s
+    assert after_fault < after_fault_s  # rank 1 notices in its next collective, or its watch does after 10 s
 
     assert not summaries(tmp_path)
     left = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]

@@ -37,14 +37,5 @@ def test_resume_auto_finds_a_run_made_with_the_default_sizes(tmp_path_factory):
     assert expected in table_line and "step 4" in table_line and str(first) in table_line
 
 
-def test_resume_auto_with_nothing_to_resume_says_it_started_fresh(tmp_path_factory):
-    cache = shared_cache(tmp_path_factory)
-    outputs = tmp_path_factory.mktemp("nothing") / "outputs"
-    run_dir = outputs / "only"
-    run_dir.mkdir(parents=True)
-    done = run_cli([*DEFAULT_SIZES, f"paths.outputs_root={outputs}", f"hydra.run.dir={run_dir}", "bench.steps=2",
-                    "ckpt=none", "resume=auto"], cache, cwd=outputs)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert summary(run_dir)["run"]["resumed_from"] is None
-    line = next(line for line in done.stdout.splitlines() if line.startswith("resumed from"))
-    assert "no checkpoint of qcnet/" in line and "started fresh" in line
+# resume=auto with nothing to resume ("resumed from  no checkpoint of qcnet/... started fresh"): the README's
+# `python -m drivebench model=qcnet ckpt=async ckpt.every_n_steps=100 resume=auto`, run by tests/test_readme.py

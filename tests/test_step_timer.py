@@ -177,9 +177,9 @@ def test_ceiling_reuses_one_resident_batch_transformed_once():
     transform = SleepyTransform(0.05)
     ceiling = CeilingDataModule(batch, 5, transform)
     timer = StepTimer("ceiling", warmup_steps=1)
-    trainer = pl.Trainer(accelerator="cpu", max_steps=5, logger=False, callbacks=[timer, Spy()],
+    trainer = pl.Trainer(accelerator="cpu", max_steps=5, logger=False, callbacks=[timer, Spy()], limit_val_batches=0,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(module, datamodule=ceiling)
+    trainer.fit(module, datamodule=ceiling)  # limit_val_batches=0 as the bench's ceiling phase
     assert len(set(seen)) == 1 and len(seen) == 5
     assert transform.calls == 1 and seen[0] == id(ceiling.resident)
     assert phase_stats(timer.times)["steps_measured"] == 4

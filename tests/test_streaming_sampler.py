@@ -106,9 +106,23 @@ def test_prev_exists_for_hand_cases() -> None:
     assert prev_exists_for([0], [1], seq, frame) == [False]  # backwards
 
 
-def test_too_few_sequences_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="sequences cannot feed"):
+def test_too_few_sequences_is_one_config_error_naming_the_key_and_the_fit() -> None:
+    from drivebench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model.batch_size=2 x 2 rank\(s\) needs 4 driving sequences .* holds 2: "
+                                          r"lower model.batch_size to 1"):
         SequenceGroupedBatchSampler([0, 0, 1], [0, 1, 0], batch_size=2, num_replicas=2)
+    with pytest.raises(ConfigError, match=r"holds 1: use at most 1 rank"):
+        SequenceGroupedBatchSampler([0, 0, 0], [0, 1, 2], batch_size=1, num_replicas=2)
+
+
+def test_validation_fits_its_slots_to_fewer_sequences_and_still_walks_each_in_order() -> None:
+    seq, frame = [0, 0, 0, 1, 1], [0, 1, 2, 0, 1]
+    sampler = SequenceGroupedBatchSampler(seq, frame, batch_size=6, shuffle=False, drop_last=False, fit_streams=True)
+    assert sampler.batch_size == 2
+    batches = sampler.plan(0)
+    # slot 0 walks sequence 0 in frame order, slot 1 sequence 1 (replayed to the longer stream): every sample seen
+    assert batches == [[0, 3], [1, 4], [2, 3]]
 
 
 def test_plugs_into_the_datamodule_epoch_and_resume_hooks() -> None:

@@ -41,10 +41,11 @@ from drivebench.secrets import redact, redact_argv
 from drivebench.signals import STOP, Interrupted, StopOnSignal, exit_code, requeue_slurm_job, signal_name
 from drivebench.perf.bottleneck import diagnose, efficiency_note
 from drivebench.perf.callback import StepTimer
-from drivebench.perf.ceiling import CeilingDataModule
+from drivebench.perf.ceiling import CeilingDataModule, representative_batch
 from drivebench.perf.loader_wait import LoaderWaitProfiler
 from drivebench.perf.machine import filesystem_of
 from drivebench.perf.profiler import ProfileSteps
+from drivebench.perf.progress import StepProgressBar
 from drivebench.perf.stats import describe
 from drivebench.perf.summary import SCHEMA_VERSION, loss_summary, phase_stats, render_table, write_summary
 from drivebench.perf.system import SystemMonitor
@@ -83,8 +84,12 @@ def step_timer(run: Run, phase: str, warmup_steps: int, monitor: SystemMonitor, 
 
 
 def configured_callbacks(run: Run) -> list[pl.Callback]:
-    """Every other entry of the callbacks group, in order (an entry set to null is left out)."""
-    return [build(node) for name, node in run.cfg.callbacks.items() if name != STEP_TIMER and node is not None]
+    """Every other entry of the callbacks group, in order (an entry set to null is left out; the
+    progress bar also with ``+trainer.enable_progress_bar=false``, which Lightning refuses beside one)."""
+    callbacks = [build(node) for name, node in run.cfg.callbacks.items() if name != STEP_TIMER and node is not None]
+    if OmegaConf.select(run.cfg, "trainer.enable_progress_bar") is False:
+        callbacks = [cb for cb in callbacks if not isinstance(cb, pl.callbacks.ProgressBar)]
+    return callbacks
 
 
 class TrainBench:
@@ -373,9 +378,15 @@ class TrainBench:
     def _ceiling_phase(self, run: Run, logger: Any, monitor: SystemMonitor, summary: dict[str, Any]) -> None:
         loader = run.datamodule.train_dataloader(device_prefetch=False)  # a host batch, made resident below
         steps = self.ceiling_warmup_steps + self.ceiling_steps
-        ceiling = CeilingDataModule(next(iter(loader)), steps, run.datamodule.device_transform)
+        train_elements = ((summary.get("train") or {}).get("batch_elements") or {}).get("median")
+        host_batch, chosen = representative_batch(loader, train_elements if train_elements == train_elements else None)
+        ceiling = CeilingDataModule(host_batch, steps, run.datamodule.device_transform)
         timer = step_timer(run, "ceiling", self.ceiling_warmup_steps, monitor)
         callbacks: list[pl.Callback] = ([FreezeHeap()] if run.accel.gc_freeze else []) + [timer]
+        bars = [cb for cb in configured_callbacks(run) if isinstance(cb, StepProgressBar)]
+        for bar in bars:
+            bar.phase = CEILING
+        callbacks += bars
         trainer = pl.Trainer(
             **run.trainer_kwargs(), logger=phase_logger(logger, CEILING), callbacks=callbacks, max_steps=steps,
             max_epochs=-1,
@@ -387,6 +398,7 @@ class TrainBench:
         trainer.fit(run.module, datamodule=ceiling)
         self.is_global_zero = trainer.is_global_zero
         summary["ceiling"] = phase_stats(timer.times, monitor)
+        summary["ceiling"]["resident_batch"] = chosen
         if trainer.world_size > 1:
             summary["ceiling"]["global_samples_per_s"] = self._gather_ranks(summary["ceiling"], trainer)[
                 "global_samples_per_s"]

@@ -234,7 +234,8 @@ class DriveDataModule(DeviceTransferDataModule):
         if self.batch_sampler_factory is not None:  # e.g. streaming sequences: keep them in order
             sampler = self.batch_sampler_factory(dataset=self.val_set, batch_size=self.val_batch_size,
                                                  num_replicas=replicas, rank=rank, seed=self.seed, shuffle=False,
-                                                 drop_last=False)
+                                                 drop_last=False, fit_streams=True,
+                                                 batch_size_key="model.val_batch_size")
         else:
             sampler = RandomBatchSampler(len(self.val_set), self.val_batch_size, shuffle=False, drop_last=False,
                                          num_replicas=replicas, rank=rank, seed=self.seed)

@@ -129,6 +129,16 @@ class NuScenesSource:
             raise ConfigError(f"data.root={self.root} does not exist; point it at a nuScenes dataroot (with "
                               "v1.0-*/, samples/, maps/) or leave it unset for the embedded set")
 
+    def known_sequences(self, split: str) -> int | None:
+        """Driving sequences (scenes) of ``split`` known before any work: the embedded set's size
+        preset; ``None`` for a real root (counted once its infos are loaded)."""
+        if not self.embedded:
+            return None
+        from drivebench.data.nuscenes.generate import PRESETS
+
+        preset = PRESETS[self.size]
+        return preset.train_scenes if split == "train" else preset.val_scenes
+
     def prepare(self, workers: int, progress: bool) -> None:
         if self.embedded:
             from drivebench.data.nuscenes.generate import ensure_generated

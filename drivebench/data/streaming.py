@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import torch
 
 from drivebench.data.sampling import EpochBatchSampler
+from drivebench.errors import ConfigError
 
 
 def prev_exists_for(batch_indices: Sequence[int], previous_batch_indices: Sequence[int] | None,
@@ -49,6 +50,23 @@ def prev_exists_for(batch_indices: Sequence[int], previous_batch_indices: Sequen
     return out
 
 
+def check_streams(batch_size: int, num_replicas: int, sequences: int | None, key: str = "model.batch_size",
+                  split: str = "training split") -> None:
+    """Refuse a batch whose streaming slots outnumber the split's sequences (each slot walks its own
+    sequence, so ``batch_size x num_replicas`` slots need as many sequences); ``None``: unknown yet.
+
+    Called before any work where the count is known from the config (the embedded sets' sizes) and
+    again by the sampler once the infos are loaded (a real ``data.root``)."""
+    slots = batch_size * num_replicas
+    if sequences is None or sequences >= slots:
+        return
+    fits = sequences // num_replicas
+    fix = f"lower {key} to {fits}" if fits else f"use at most {sequences} rank(s)"
+    raise ConfigError(
+        f"{key}={batch_size} x {num_replicas} rank(s) needs {slots} driving sequences (one per streaming batch slot) "
+        f"but the {split} holds {sequences}: {fix}, or use more data (data.size=bench, data.root=...)")
+
+
 class SequenceGroupedBatchSampler(EpochBatchSampler):
     """Batches whose slot ``j`` walks whole sequences in frame order (see module docstring).
 
@@ -65,11 +83,16 @@ class SequenceGroupedBatchSampler(EpochBatchSampler):
         shuffle: permute the sequence order every epoch.
         drop_last: cut every stream to the shortest (True) or replay sequences to the longest (False).
         yield_prev_exists: yield ``(index, prev_exists)`` pairs instead of bare indices.
+        fit_streams: with fewer sequences than slots, use one slot per sequence (a smaller batch)
+            instead of refusing: for validation, whose scores do not depend on how many sequences
+            walk side by side (each slot still walks whole sequences in order).
+        batch_size_key: the config key named when the sequences cannot feed the slots.
     """
 
     def __init__(self, sequence_ids: Sequence[int], frame_idx: Sequence[int], batch_size: int, num_replicas: int = 1,
                  rank: int = 0, seed: int = 0, shuffle: bool = True, drop_last: bool = True,
-                 yield_prev_exists: bool = False) -> None:
+                 yield_prev_exists: bool = False, fit_streams: bool = False,
+                 batch_size_key: str = "model.batch_size") -> None:
         if len(sequence_ids) != len(frame_idx):
             raise ValueError(f"{len(sequence_ids)} sequence ids for {len(frame_idx)} frame indices")
         if batch_size < 1:
@@ -79,15 +102,14 @@ class SequenceGroupedBatchSampler(EpochBatchSampler):
         self.frame_idx = [int(f) for f in frame_idx]
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.yield_prev_exists = yield_prev_exists
+        self.batch_size_key = batch_size_key
         groups: dict[int, list[int]] = {}
         for index, seq in enumerate(self.sequence_ids):
             groups.setdefault(seq, []).append(index)
         self.sequences = {seq: sorted(idx, key=lambda i: self.frame_idx[i]) for seq, idx in groups.items()}
-        slots = batch_size * num_replicas
-        if len(self.sequences) < slots:
-            raise ValueError(
-                f"{len(self.sequences)} sequences cannot feed {slots} streams (batch_size={batch_size} x "
-                f"num_replicas={num_replicas}): lower the batch size or split sequences into shorter ones")
+        if fit_streams and len(self.sequences) < batch_size * num_replicas:
+            self.batch_size = max(1, len(self.sequences) // num_replicas)
+        check_streams(self.batch_size, num_replicas, len(self.sequences), self.batch_size_key)
         self._plan_cache: tuple[int, list[list[int]]] | None = None
 
     def _sequence_order(self, epoch: int) -> list[int]:

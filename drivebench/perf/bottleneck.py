@@ -338,6 +338,13 @@ def diagnose(summary: dict[str, Any]) -> dict[str, Any]:
             "also": [f"{v}: {e}" for v, e, _ in found[1:] if v != DEVICE_COMPUTE]}
 
 
+def resident_batch_ratio(summary: dict[str, Any]) -> float | None:
+    """The ceiling's batch elements over training's median batch elements (None: not recorded)."""
+    train = _num(((summary.get("train") or {}).get("batch_elements") or {}).get("median"))
+    ceiling = _num(((summary.get("ceiling") or {}).get("batch_elements") or {}).get("median"))
+    return ceiling / train if train and ceiling else None
+
+
 def efficiency_note(summary: dict[str, Any]) -> str | None:
     """Why training outran its own ceiling, when ``efficiency`` > 100% (None otherwise)."""
     efficiency = _num(summary.get("efficiency"))
@@ -352,6 +359,11 @@ def efficiency_note(summary: dict[str, Any]) -> str | None:
             reasons.append(f"the machine was oversubscribed during {name} ({'; '.join(signs)})")
     t_med, c_med = _num(train.step.get("median")), _num(ceiling.step.get("median"))
     c_p10, c_p90 = _num(ceiling.step.get("p10")), _num(ceiling.step.get("p90"))
+    heavier = resident_batch_ratio(summary)
+    if heavier is not None and heavier > 1.05:
+        reasons.append(f"the ceiling's one resident batch holds {heavier:.2f}x the tensor elements of training's "
+                       "median batch (this model's batches vary in size: agents, map elements), so each of its "
+                       "steps does more work than a typical training step")
     if ceiling.steps and ceiling.steps < 10:
         reasons.append(f"the ceiling measured only {ceiling.steps} steps")
     if c_p10 and c_p90 and t_med and c_p10 <= t_med <= c_p90:

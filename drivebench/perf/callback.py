@@ -61,6 +61,7 @@ class StepRecord:
     device_compute_s: float | None = None
     device_h2d_s: float | None = None
     profiled: bool = False  # under torch.profiler (bench.profile): its overhead keeps it out of the statistics
+    elements: int = 0  # tensor elements in the batch: the work of a variable-size batch (agents, map elements)
 
 
 @dataclass
@@ -212,6 +213,7 @@ class StepTimer(pl.Callback):
         if self._n_steps == self.warmup_steps + self.profiled_steps:
             self.times.measured_started = self._t_prev_end
         self._n_steps += 1
+        record.elements = batch_elements(batch)  # after t_end: its walk falls into the next step's loop overhead
         self.times.records.append(record)
         if end_event is not None and self._step_events is not None:
             self._pending.append((record, self._step_events, end_event, cuda_spans.get(H2D), loss_host))
@@ -251,6 +253,7 @@ class StepTimer(pl.Callback):
             f"{p}/compute_s": record.compute_s,
             f"{p}/samples_per_s": record.samples / record.step_s if record.step_s > 0 else 0.0,
             f"{p}/data_wait_frac": record.data_wait_s / record.step_s if record.step_s > 0 else 0.0,
+            f"{p}/batch_elements": float(record.elements),
         }
         if record.gpu_preprocess_s:
             metrics[f"{p}/gpu_preprocess_s"] = record.gpu_preprocess_s
@@ -273,6 +276,18 @@ def _recorders(trainer: pl.Trainer) -> list[RecordsSteps]:
     callbacks and its checkpoint IO plugin (whichever of them implement :class:`RecordsSteps`)."""
     parts = [trainer.profiler, trainer.datamodule, trainer.strategy.checkpoint_io, *trainer.callbacks]
     return [part for part in parts if isinstance(part, RecordsSteps)]
+
+
+def batch_elements(batch: Any) -> int:
+    """Elements of every tensor in ``batch`` (nested dicts, lists, tuples): what a batch of scenes with
+    more agents or map elements weighs, so a ceiling on one batch can be compared with training's."""
+    if isinstance(batch, torch.Tensor):
+        return batch.numel()
+    if isinstance(batch, dict):
+        return sum(batch_elements(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(batch_elements(v) for v in batch)
+    return 0
 
 
 def _batch_size(pl_module: pl.LightningModule, batch: Any) -> int:

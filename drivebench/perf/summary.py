@@ -47,6 +47,7 @@ def phase_stats(times: PhaseTimes, monitor: SystemMonitor | None = None) -> dict
         compute_s=describe(r.compute_s for r in measured),
         ckpt_blocking_s=describe(r.ckpt_s for r in measured),
         loop_overhead_s=describe(r.loop_overhead_s for r in measured),
+        batch_elements=describe(r.elements for r in measured),
         data_wait_fraction=sum(r.data_wait_s for r in measured) / wall if wall > 0 else math.nan,
         loop_overhead_fraction=sum(r.loop_overhead_s for r in measured) / wall if wall > 0 else math.nan,
     )

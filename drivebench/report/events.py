@@ -107,7 +107,8 @@ def read_scalars(files: list[Path]) -> tuple[pd.DataFrame, list[str]]:
     if math.isnan(origin):
         origin = float(data["wall_time"].min())
     # the end-of-run validation belongs at the last training step, not at its own trainer's step 0
-    last_step = int(train.loc[train["tag"].str.startswith("perf/"), "step"].max()) if not train.empty else 0
+    perf_steps = train.loc[train["tag"].str.startswith("perf/"), "step"]
+    last_step = int(perf_steps.max()) if not perf_steps.empty else 0
     data.loc[data["phase"] == VALIDATION, "step"] = last_step
     data["elapsed_s"] = data["wall_time"] - origin
     return data[COLUMNS].sort_values(["phase", "tag", "step", "wall_time"], ignore_index=True), errors

@@ -60,6 +60,11 @@ def dig(data: Any, *keys: str) -> Any:
     return data
 
 
+def mapping(value: Any) -> dict[str, Any]:
+    """``value`` if it is a mapping, else an empty one (a damaged or foreign summary section)."""
+    return value if isinstance(value, dict) else {}
+
+
 def num(value: Any) -> float:
     """A finite float, or NaN for anything else (None, strings, inf)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -110,12 +115,12 @@ def _error_line(run: RunDir) -> str | None:
 # ---- one summary -> one row -----------------------------------------------------------------------
 def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
     """Flatten what the report shows of one run's summary into a row (missing keys -> NaN/None)."""
-    r = summary.get("run") if isinstance(summary.get("run"), dict) else {}
-    machine = summary.get("machine") if isinstance(summary.get("machine"), dict) else {}
-    train = dig(summary, "train") or {}
-    ceiling = dig(summary, "ceiling") or {}
-    loader = dig(summary, "loader") or {}
-    accel = dig(summary, "settings", "accel") or {}
+    r = mapping(summary.get("run"))
+    machine = mapping(summary.get("machine"))
+    train = mapping(dig(summary, "train"))
+    ceiling = mapping(dig(summary, "ceiling"))
+    loader = mapping(dig(summary, "loader"))
+    accel = mapping(dig(summary, "settings", "accel"))
 
     overrides = _hydra_overrides(run)
     if overrides is None:  # no .hydra folder copied: the recorded command line (sweep lists skipped)
@@ -124,9 +129,9 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
     accel_name = r.get("accel") or accel.get("name")
 
     if train.get("steps_measured"):
-        phase, throughput = "train", dig(train, "samples_per_s_per_step") or {}
+        phase, throughput = "train", mapping(dig(train, "samples_per_s_per_step"))
     elif ceiling.get("steps_measured"):
-        phase, throughput = "ceiling", dig(ceiling, "samples_per_s_per_step") or {}
+        phase, throughput = "ceiling", mapping(dig(ceiling, "samples_per_s_per_step"))
     elif loader:
         phase, throughput = "loader", {"median": loader.get("samples_per_s")}
     else:
@@ -217,14 +222,14 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
                                   if ckpt_each else math.nan),
         "ckpt_blocking_s_median": num(dig(summary, "checkpoints", "blocking_s", "median")),
         "loader_samples_per_s": num(loader.get("samples_per_s")),
-        "autotune_changed": ", ".join(f"{k}={v}" for k, v in (dig(summary, "autotune", "changed") or {}).items()),
+        "autotune_changed": ", ".join(f"{k}={v}" for k, v in mapping(dig(summary, "autotune", "changed")).items()),
         "autotune_cost_s": num(dig(summary, "autotune", "cost_s")),
         "autotune_cost_fraction": num(dig(summary, "autotune", "cost_fraction_of_run")),
         "loss_first": num(dig(summary, "loss", "first")),
         "loss_final": num(dig(summary, "loss", "final")),
         "loss_nonfinite_steps": num(dig(summary, "loss", "nonfinite_steps")),
     }
-    for key, value in (dig(summary, "val") or {}).items():
+    for key, value in mapping(dig(summary, "val")).items():
         row[f"val/{key}"] = num(value)
     for key, value in accel.items():
         if key != "name":
@@ -279,8 +284,17 @@ def load_runs(dirs: list[Path | str], with_scalars: bool = True) -> RunSet:
             problems.append(problem)
             continue
         assert summary is not None
-        versions.setdefault(summary.get("schema_version"), []).append(str(run.summary))
-        row = summary_row(summary, run)
+        version = summary.get("schema_version")
+        version = version if isinstance(version, (int, float, str, type(None))) else repr(version)
+        versions.setdefault(version, []).append(str(run.summary))
+        try:
+            row = summary_row(summary, run)
+        except (AttributeError, TypeError, ValueError, KeyError) as err:  # a section of an unexpected shape
+            problems.append(Problem(run.path, "unreadable", f"{run.summary} (schema_version "
+                                    f"{summary.get('schema_version')!r}) has a section of an unexpected shape: "
+                                    f"{type(err).__name__}: {err}", dig(summary, "run", "model"),
+                                    dig(summary, "run", "accel")))
+            continue
         rows.append(row)
         if with_scalars and run.event_files:
             frame, errors = read_scalars(run.event_files)

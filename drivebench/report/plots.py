@@ -28,10 +28,14 @@ DPI = 110
 def _panels(runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """One panel per model and size, split further by data and bench when the runs mix them (a
     setting may then repeat across panels, never inside one, where it labels one bar per machine)."""
-    keys = runs["model"].astype(str) + " (" + runs["model_size"].astype(str) + ")"
+    def text(column: str) -> pd.Series:  # a missing value reads "?" (NaN would match no panel)
+        values = runs[column] if column in runs else pd.Series(None, index=runs.index, dtype=object)
+        return values.map(lambda v: "?" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v))
+
+    keys = text("model") + " (" + text("model_size") + ")"
     for column in ("data", "bench"):
         if column in runs and runs[column].nunique(dropna=False) > 1:
-            keys = keys + f", {column} " + runs[column].astype(str)
+            keys = keys + f", {column} " + text(column)
     return [(key, runs[keys == key]) for key in dict.fromkeys(keys)]
 
 
@@ -293,12 +297,29 @@ def convergence_figure(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[
     return fig
 
 
+# why a figure has nothing to draw (save_plots reports it with the figure's name)
+NOTHING_TO_DRAW = {
+    "throughput": "no run measured a throughput (training, ceiling or loader)",
+    "data_wait": "no run measured training steps (bench=ceiling, loader and storage do not)",
+    "efficiency": "no run measured both training and the ceiling (bench.ceiling=false, or bench=ceiling, loader "
+                  "or storage)",
+    "step_breakdown": "no run measured training steps (bench=ceiling, loader and storage do not)",
+    "loss_vs_step": "no run has a readable train/loss series in its TensorBoard events",
+    "loss_vs_time": "no run has a readable train/loss series in its TensorBoard events",
+    "time_to_target": "no run logged the targets' metrics",
+    "convergence_vs_step": "no run logged a target's validation metric at two steps or more (validation "
+                           "during training: +experiment=convergence)",
+    "convergence_vs_time": "no run logged a target's validation metric at two steps or more (validation "
+                           "during training: +experiment=convergence)",
+}
+
+
 def figures(runs: pd.DataFrame, scalars: pd.DataFrame,
             targets: list[Target]) -> dict[str, Callable[[], Figure | None]]:
     """Name -> a function drawing it (drawn lazily, one at a time, so memory stays flat)."""
     out: dict[str, Callable[[], Figure | None]] = {
-        "throughput": lambda: throughput_figure(runs),
-        "data_wait": lambda: data_wait_figure(runs),
+        "throughput": lambda: throughput_figure(runs) if runs["throughput_median"].notna().any() else None,
+        "data_wait": lambda: data_wait_figure(runs) if runs["data_wait_fraction"].notna().any() else None,
         "efficiency": lambda: efficiency_figure(runs) if runs["efficiency"].notna().any() else None,
         "step_breakdown": lambda: step_breakdown_figure(runs) if runs["step_s_mean"].notna().any() else None,
         "loss_vs_step": lambda: loss_figure(runs, scalars, "step"),
@@ -311,17 +332,27 @@ def figures(runs: pd.DataFrame, scalars: pd.DataFrame,
     return out
 
 
-def save_plots(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target], out: Path) -> dict[str, Path]:
-    """Write every figure that has data as ``<out>/<name>.png``; returns name -> path."""
+def save_plots(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target], out: Path,
+               skipped: dict[str, str] | None = None) -> dict[str, Path]:
+    """Write every figure that has data as ``<out>/<name>.png``; returns name -> path. A figure left
+    out goes into ``skipped`` (name -> why): nothing to draw, or a drawing error, which costs that
+    figure only (a set of runs this report has not met must not cost the rest of the report)."""
     written: dict[str, Path] = {}
+    skipped = {} if skipped is None else skipped
     if runs.empty:
         return written
     for name, draw in figures(runs, scalars, targets).items():
-        fig = draw()
-        if fig is None:
+        try:
+            fig = draw()
+            if fig is None:
+                skipped[name] = NOTHING_TO_DRAW.get(name, "nothing to draw")
+                continue
+            path = out / f"{name}.png"
+            fig.savefig(path, dpi=DPI)
+        except (ValueError, TypeError, KeyError, IndexError) as err:  # what odd data raises in pandas/matplotlib
+            skipped[name] = f"could not be drawn from these runs ({type(err).__name__}: {err})"
+            plt.close("all")
             continue
-        path = out / f"{name}.png"
-        fig.savefig(path, dpi=DPI)
         plt.close(fig)
         written[name] = path
     return written

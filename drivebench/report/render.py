@@ -58,7 +58,9 @@ def write_report(dirs: list[Path], out: Path, targets: list[Target]) -> ReportRe
     runs = analyse(runset.runs, runset.scalars, targets)
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
-    plots = save_plots(runs, runset.scalars, targets, out) if not runs.empty else {}
+    skipped: dict[str, str] = {}
+    plots = save_plots(runs, runset.scalars, targets, out, skipped) if not runs.empty else {}
+    runset.warnings.extend(f"{name}.png not written: {why}" for name, why in skipped.items())
     csv = out / "report.csv"
     write_csv(csv, runs)
     files["report.csv"] = csv
