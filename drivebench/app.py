@@ -142,9 +142,6 @@ def _validate(cfg: DictConfig) -> None:
     if requeue and cfg.get("resume") != "auto":
         raise ConfigError(f"requeue=true restarts this command after a SIGUSR1 stop, which then continues only with "
                           f"resume=auto (resume={cfg.get('resume')}); add resume=auto")
-    if OmegaConf.is_missing(cfg.ckpt, "dir"):
-        raise ConfigError(f"ckpt={cfg.ckpt.name} needs a destination: ckpt.dir=<directory or fsspec URL, "
-                          "e.g. s3://bucket/run>")
     lr = OmegaConf.select(cfg, "model.optimizer.lr")
     if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0):
         raise ConfigError(f"model.optimizer.lr={lr!r} is not valid; use a learning rate >= 0")

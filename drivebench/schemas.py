@@ -528,6 +528,10 @@ def _embedded_sizes(data_name: str) -> list[str]:
 def check_combinations(cfg: DictConfig) -> None:
     """The top level's values and what one group's choice asks of another (``data=nuscenes model=qcnet``:
     QCNet reads Argoverse 2). ConfigError (one line)."""
+    ckpt = cfg.get("ckpt")
+    if isinstance(ckpt, DictConfig) and OmegaConf.is_missing(ckpt, "dir"):  # before anything resolves ${ckpt.dir}
+        raise ConfigError(f"ckpt={ckpt.get('name')} needs a destination: ckpt.dir=<directory or fsspec URL, "
+                          "e.g. s3://bucket/run>")
     seed = cfg.get("seed")
     if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed < 2**32:
         raise ConfigError(f"seed={seed} is not valid; use a whole number in [0, 2**32 - 1]")
