@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
-from drivebench.bench.runners import _resolve_profile
+from drivebench.schemas import resolve_profile
 from drivebench.errors import ConfigError
 from drivebench.perf.callback import StepTimer
 from drivebench.perf.loader_wait import LoaderWaitProfiler
@@ -80,13 +80,13 @@ def test_window_cut_short_is_still_written(tmp_path):
 
 @pytest.mark.parametrize("value, steps", [(None, 0), (0, 0), (False, 0), (5, 5)])
 def test_profile_key_values(value, steps):
-    assert _resolve_profile(value) == steps
+    assert resolve_profile(value) == steps
 
 
 @pytest.mark.parametrize("value", [-1, "5", 2.5, True])
 def test_profile_key_rejects(value):
     with pytest.raises(ConfigError, match=r"bench.profile=.* is not valid"):
-        _resolve_profile(value)
+        resolve_profile(value)
 
 
 def test_cli_run_with_bench_profile_writes_a_trace_and_a_verdict(drivebench_cache: Path, tmp_path: Path):
