@@ -30,7 +30,8 @@ def test_unwritable_ckpt_dir_is_refused_before_training(tmp_path, cache):
     errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "error" in line.lower()]
     assert len(errors) == 1, errors
     assert errors[0].startswith("drivebench: error: ckpt.dir=") and f"{blocker}/ckpt" in errors[0]
-    assert "not writable" in errors[0]
+    # named before any work by the directory check (a path under a regular file can never be created)
+    assert f"inside {blocker}, a file; it must be a directory" in errors[0]
     assert "Traceback" not in proc.stderr
     assert not (run_dir / "tb").exists() or not losses(run_dir)  # no training step was taken
 
