@@ -37,7 +37,8 @@ def test_summary_has_every_documented_field_with_sane_values(full_run: Path):
     documented = [line.split("|")[1].strip().strip("`") for line in (REPO / "docs" / "summary.md").read_text()
                   .split("A phase (`train`, `ceiling`) holds:")[0].splitlines() if line.startswith("| `")]
     # other benches, DDP, ckpt=none, bench.profile, an efficiency above 100%, accel=auto
-    optional = {"loader", "ranks", "dist", "checkpoints", "profile", "efficiency_note", "autotune", "experiment"}
+    optional = {"loader", "ranks", "dist", "checkpoints", "profile", "efficiency_note", "autotune",
+                "experiment", "skipped"}  # + named sweeps: their keys, and a job skipped for want of devices
     for key in documented:
         if key not in optional:
             assert key in s, f"summary.json lacks documented key {key!r}"
