@@ -326,12 +326,20 @@ class BigCallbackState(pl.Callback):
         return {"ema": torch.zeros(1_000_000)}  # 4 MB
 
 
-def test_the_first_save_measures_and_stops_a_run_that_cannot_fit(tmp_path):
+
+def small_tmpfs(tmp_path: Path, size: str, why_skip: str) -> Path:
+    """A tmpfs of ``size`` under ``tmp_path`` (free-space checks need a small filesystem); skips where
+    mounting is refused. The caller unmounts it."""
     mount = tmp_path / "tmpfs"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=10m", "tmpfs", str(mount)],
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
                       capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
+        pytest.skip(why_skip)
+    return mount
+
+
+def test_the_first_save_measures_and_stops_a_run_that_cannot_fit(tmp_path):
+    mount = small_tmpfs(tmp_path, "10m", "cannot mount a tmpfs here")
     try:
         ckpt = checkpointing(str(mount / "ckpt"), every_n_steps=1, keep_last_k=2)
         pl.seed_everything(7, verbose=False)
@@ -353,11 +361,8 @@ def test_the_preflight_refuses_a_directory_the_checkpoints_would_not_fit(tmp_pat
     with one line and exit 2. Free space is what is checked: this needs a filesystem that small (a mount)."""
     from drivebench.app import main
 
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=19m", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (the preflight reads the free space of a small filesystem)")
+    mount = small_tmpfs(tmp_path, "19m", "cannot mount a tmpfs here (the preflight reads the free space of a "
+                        "small filesystem)")
     try:
         cfg = config(cache, tmp_path / "run", *TRAIN, "bench.steps=6", "ckpt.every_n_steps=2",
                      f"ckpt.dir={mount / 'ckpt'}")
