@@ -10,6 +10,10 @@
 #   f  MapTR convergence, accel=none, seed 2024
 #   g  QCNet: accel=max, accel=auto, accel=auto with auto_numerics (default bounded runs)
 #   h  MapTR: the same three
+#   n  a and d side by side, each pinned to 8 of the 16 cores (one call instead of two; both runs are
+#      loader-bound in their training process, so each is compared with its standalone bounded-run
+#      throughput in the log: the slowdown side by side is the bias against none, stated with the result)
+#   m  the max runs of b and e for seed 2023 only, one after the other
 # a, b, d, e give one seed of each setting (the 3x and final-metric figures); c and f add the second
 # seed of none (the seed-to-seed spread the "same convergence" rule needs). Then copy every part's
 # runs side by side and report them together (the runs recorded their targets):
@@ -53,13 +57,20 @@ case "$PART" in
   e) run maptr_conv_max_s2023 250 $C model=maptr accel=max seed=2023; curve maptr_conv_max_s2023 $MM
      run maptr_conv_max_s2024 250 $C model=maptr accel=max seed=2024; curve maptr_conv_max_s2024 $MM ;;
   f) run maptr_conv_none_s2024 540 $C model=maptr accel=none seed=2024; curve maptr_conv_none_s2024 $MM ;;
+  n) export KILL_GRACE=25
+     PIN=0-7 run qcnet_conv_none_s2023 545 $C model=qcnet accel=none seed=2023 &
+     sleep 2; PIN=8-15 run maptr_conv_none_s2023 543 $C model=maptr accel=none seed=2023 &
+     wait; bundle
+     curve qcnet_conv_none_s2023 $QM; curve maptr_conv_none_s2023 $MM ;;
+  m) run maptr_conv_max_s2023 230 $C model=maptr accel=max seed=2023; curve maptr_conv_max_s2023 $MM
+     run qcnet_conv_max_s2023 300 $C model=qcnet accel=max seed=2023; curve qcnet_conv_max_s2023 $QM ;;
   g|h)
      M=$([[ $PART == g ]] && echo qcnet || echo maptr)
      B="model=$M ckpt=none"   # the default bounded run (10 warm-up + 300 steps, validation, ceiling)
      run ${M}_max 150 $B accel=max
      run ${M}_auto 200 $B accel=auto; trials ${M}_auto
      run ${M}_auto_numerics 200 $B accel=auto accel.auto_numerics=true; trials ${M}_auto_numerics ;;
-  *) log "unknown part $PART (a-h)"; exit 2 ;;
+  *) log "unknown part $PART (a-h, m, n)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"

@@ -12,7 +12,8 @@ bundle() {
   (cd "$RUNS" && tar czf "$OUT/.runs.tgz" --exclude='*.ckpt' --exclude='*.partial' . 2>/dev/null) && mv "$OUT/.runs.tgz" "$OUT/runs.tgz"
 }
 left() { echo $(( LIMIT - ($(date +%s) - START) )); }
-# run NAME CAP_SECONDS [env VAR=... --] drivebench overrides...
+# [PIN=<cpu list>] run NAME CAP_SECONDS drivebench overrides...  (PIN: taskset the run onto those
+# cores; KILL_GRACE: seconds between the cap's SIGTERM, which stops at a step boundary and writes the summary, and SIGKILL)
 run() {
   local name=$1 cap=$2; shift 2
   local remaining; remaining=$(left)
@@ -20,7 +21,8 @@ run() {
   (( cap > remaining - 15 )) && cap=$(( remaining - 15 ))
   log "=== $name (cap ${cap}s, $(left)s left): $*"
   local t0; t0=$(date +%s)
-  timeout -k 5 "$cap" python3 -m drivebench "$@" hydra.run.dir="$RUNS/$name" > "$RUNS/$name.log" 2>&1
+  if [[ -n ${PIN:-} ]] && ! command -v taskset > /dev/null; then log "no taskset here: $name runs unpinned"; local PIN=; fi
+  ${PIN:+taskset -c $PIN} timeout -k "${KILL_GRACE:-5}" "$cap" python3 -m drivebench "$@" hydra.run.dir="$RUNS/$name" > "$RUNS/$name.log" 2>&1
   local rc=$?
   log "rc=$rc in $(( $(date +%s) - t0 ))s"
   grep -E "^(throughput|step time|data wait|device busy|GPU util|ceiling|efficiency|peak|train loss|val (loss|minADE|minFDE|cv_minFDE|cv_minADE|MR|mAP|mIoU|iou) )" "$RUNS/$name.log" | tee -a "$OUT/log.txt"
