@@ -67,6 +67,8 @@ def test_a_mixed_set_reports_what_it_can_and_names_what_it_skipped(real_runs, tm
     _copy(qcnet, runs / "older", older)
     _copy(qcnet, runs / "no_size", lambda s: s["run"].pop("model_size"))  # the panel key was NaN: a crash
     _copy(qcnet, runs / "failed", lambda s: s["run"].update(status="failed"))
+    _copy(qcnet, runs / "interrupted", lambda s: s["run"].update(  # what drivebench.signals writes on SIGTERM
+        status="interrupted", interrupted={"signal": "SIGTERM", "exit_code": 143, "step": 7, "checkpoint": None}))
     (_copy(qcnet, runs / "garbled") / "summary.json").write_text('{"run": {"status": "comp')
     (_copy(qcnet, runs / "crashed") / "summary.json").unlink()
     truncated = _copy(qcnet, runs / "truncated_tb")
@@ -89,10 +91,12 @@ def test_a_mixed_set_reports_what_it_can_and_names_what_it_skipped(real_runs, tm
     assert table.loc[table["run"] == "other_shape", "throughput_median"].isna().all()  # its train section is text
     md = (out / "report.md").read_text()
     for name, why in (("failed", "'failed'"), ("garbled", "not readable JSON"),
-                      ("crashed", "no summary.json")):
+                      ("crashed", "no summary.json"), ("interrupted", "stopped by SIGTERM at step 7 before its schedule ended")):
         line = next((ln for ln in md.splitlines() if str(runs / name) in ln), "")
         assert why in line, (name, line)
         assert str(runs / name) in text
+    interrupted = next(ln for ln in md.splitlines() if str(runs / "interrupted") in ln)
+    assert interrupted.split("|")[1].strip() == "interrupted" and "rerun it" in interrupted  # not called a crash
     assert "schema_version 0" in md and "schema_version 99" in md and str(event) in md and "not readable" in md
     # every figure is either written or named with the reason it is not
     assert (out / "step_breakdown.png").is_file() and (out / "throughput.png").is_file()

@@ -27,6 +27,7 @@ from drivebench.report.labels import (accel_overrides, command_overrides, hardwa
 KNOWN_SCHEMA_VERSIONS = (1,)
 COMPLETED = "completed"
 SKIPPED = "skipped"
+INTERRUPTED = "interrupted"
 
 
 @dataclass
@@ -34,7 +35,7 @@ class Problem:
     """A run the report could not use, and why (shown in report.md and on the terminal)."""
 
     run_dir: Path
-    kind: str  # crashed | unreadable | skipped
+    kind: str  # crashed | unreadable | skipped | interrupted
     reason: str
     model: str | None = None
     accel: str | None = None
@@ -258,6 +259,14 @@ def read_summary(run: RunDir) -> tuple[dict[str, Any] | None, Problem | None]:
     status = dig(summary, "run", "status")
     if status == SKIPPED:  # a sweep's job the machine could not hold (drivebench.scaling): its reason
         return None, Problem(run.path, SKIPPED, str(dig(summary, "skipped", "reason") or "skipped"),
+                             dig(summary, "run", "model") or model, dig(summary, "run", "accel") or accel)
+    interrupted = dig(summary, "run", "interrupted")
+    if status == INTERRUPTED and isinstance(interrupted, dict):  # stopped on purpose (drivebench.signals), not a crash
+        return None, Problem(run.path, INTERRUPTED,
+                             f"stopped by {interrupted.get('signal') or 'a signal'} at step {interrupted.get('step')} "
+                             f"before its schedule ended, so its figures cover part of the run; "
+                             + ("resume=auto continues it from its checkpoint" if interrupted.get("checkpoint")
+                                else "no checkpoint was written: rerun it to use it"),
                              dig(summary, "run", "model") or model, dig(summary, "run", "accel") or accel)
     if status != COMPLETED:
         return None, Problem(run.path, "crashed", f"status is {status!r}, not {COMPLETED!r}",
