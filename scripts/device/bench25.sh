@@ -12,6 +12,6 @@ S="model=sparsedrive model.size=small $STEPS accel=max"
 runs gf_max_grid 200 $G                                   # first run: data generation included
 runs gf_max_compiled 130 $G model.net.aggregation=compiled
 runs sd_max_grid 170 $S                                   # data generation included
-runs sd_max_compiled 150 $S model.module.aggregation=compiled
+runs sd_max_compiled 150 $S model.net.aggregation=compiled
 runs gf_max_grid_again 110 $G
 log "done in $(( $(date +%s) - START ))s"
