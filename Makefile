@@ -17,8 +17,10 @@ setup: $(VENV)/.installed  ## create .venv and install drivebench with its test 
 run: setup                 ## the main job: a bounded QCNet benchmark on the embedded dataset
 	$(PY) -m drivebench model=qcnet accel=max $(ARGS)
 
+# -n auto: one pytest-xdist worker per usable core (tests/conftest.py); --dist loadfile: a file's tests stay on
+# one worker, so each module fixture (a shared CLI run) runs once. ARGS="-n 0" runs in this process (pdb).
 test: setup                ## the test suite (CPU only; what .ci/run calls)
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n auto --dist loadfile $(ARGS)
 
 $(VENV)/.notebooks: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[notebooks]"

@@ -1,4 +1,8 @@
-"""Shared fixtures: one embedded-data cache per test session, helpers to run drivebench."""
+"""Shared fixtures: one embedded-data cache per test session, helpers to run drivebench.
+
+`make test` runs the session on pytest-xdist workers (one per usable core): whatever is "once per
+session" here lives in :func:`session_dir`, which every worker of the session sees, and is made under a
+file lock by whichever worker needs it first (the embedded datasets' generators take one themselves)."""
 
 from __future__ import annotations
 
@@ -25,10 +29,24 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder shared by every worker of this session: under xdist each worker's basetemp is
+    ``<session>/popen-gwN``, so the session's is its parent; without xdist, the basetemp itself."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's one DRIVEBENCH_CACHE, shared by the workers (each dataset is generated once into it)."""
+    path = session_dir(tmp_path_factory) / "drivebench-cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 @pytest.fixture(scope="session")
 def drivebench_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A DRIVEBENCH_CACHE for this test session (embedded sets are generated once into it)."""
-    return tmp_path_factory.mktemp("drivebench-cache")
+    return session_cache(tmp_path_factory)
 
 
 def run_cli(args: list[str], cache: Path, cwd: Path | None = None, timeout: float = 600,
@@ -40,3 +58,12 @@ def run_cli(args: list[str], cache: Path, cwd: Path | None = None, timeout: floa
                 **(env or {})}
     return subprocess.run([sys.executable, "-m", "drivebench", *args], cwd=cwd or REPO, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker per core this process may run on (its affinity), not per core of the host
+    (xdist's default asks psutil for the host's physical cores, which a CPU-limited CI box may not have).
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still wins (xdist reads it when this returns None)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -6,6 +6,10 @@ and the stack does not import, the installer starts in the background at collect
 takes only the CPU the rest of the suite leaves idle), the ``openmmlab`` tests are moved to the end,
 and the fixture :func:`openmmlab_stack` waits for it. If the install fails, every ``openmmlab`` test
 fails with the installer's last lines; nothing is skipped.
+
+Under pytest-xdist every worker collects, but only the first (``gw0``) starts the background install; a
+worker that gets ``openmmlab`` tests without having started it runs the installer in the foreground, which
+waits on the installer's own lock (``install.py``) and then finds the stack installed.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if not wanted:
         return
     items[:] = [item for item in items if not item.get_closest_marker(MARKER)] + wanted
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return  # gw0 starts the install; this worker's fixture waits for it (see the module docstring)
     from drivebench.openmmlab.install import verify
 
     ok, detail = verify()
@@ -63,9 +69,27 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                  f"(first time: builds mmcv, about 7 min of 2 idle cores; log: {log}). Its {len(wanted)} tests run last.")
 
 
+def _install_in_foreground_unless_ready() -> None:
+    """This worker did not start the install: if the stack does not import yet, run the installer, which
+    waits for gw0's (holding the installer's lock) and then finds the stack installed, or installs it."""
+    from drivebench.openmmlab.install import verify
+
+    ok, detail = verify()
+    if ok:
+        _STATE["ready"] = detail
+        return
+    log = _log_path().with_name(f"openmmlab-install-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.log")
+    _STATE["proc"] = subprocess.Popen([sys.executable, "-m", "drivebench.openmmlab.install"], stdout=open(log, "w"),
+                                      stderr=subprocess.STDOUT, cwd=Path(__file__).parents[1])
+    _STATE["log"] = log
+    _STATE["started"] = time.perf_counter()
+
+
 @pytest.fixture(scope="session")
 def openmmlab_stack(pytestconfig: pytest.Config) -> str:
     """Wait for the background install (if one runs); fail with its reason if it failed."""
+    if "proc" not in _STATE and "ready" not in _STATE:  # an xdist worker other than gw0
+        _install_in_foreground_unless_ready()
     proc = _STATE.get("proc")
     if proc is not None:
         assert isinstance(proc, subprocess.Popen)

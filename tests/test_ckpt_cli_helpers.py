@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import session_cache
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = ["model=qcnet", "model.size=test", "data.size=mini", "accel=none", "bench.ceiling=false",
@@ -33,9 +34,7 @@ def loader_position(checkpoint: dict[str, Any]) -> tuple[int, int]:
 
 def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One DRIVEBENCH_CACHE per pytest session (every module's fixture returns the same folder)."""
-    path = tmp_path_factory.getbasetemp() / "drivebench-cache"
-    path.mkdir(exist_ok=True)
-    return path
+    return session_cache(tmp_path_factory)
 
 
 def cli_env(cache: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
