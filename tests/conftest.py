@@ -17,6 +17,17 @@ from openmmlab_setup import openmmlab_stack, pytest_collection_modifyitems  # no
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker computes on one intra-op thread: the workers are one per core, so a second
+    OpenMP thread in each would only wait at every op's barrier for a core the other worker holds (the
+    reason for :func:`one_torch_thread`, which the modules below had to ask for one by one). Subprocesses
+    set their own threads (:func:`run_cli`: OMP_NUM_THREADS=1; a run's accel.threads)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One intra-op thread for a module's in-process tests: two shared CPU cores and two OpenMP threads
