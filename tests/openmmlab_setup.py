@@ -73,8 +73,8 @@ def openmmlab_stack(pytestconfig: pytest.Config) -> str:
     """Wait for the installer; fail with its reason if the stack could not be installed. Returns what it
     found (the installer's last line: the versions and the number of compiled op functions)."""
     if "proc" not in _STATE:  # an xdist worker other than gw0 (gw0's installer holds the lock meanwhile)
-        _start_installer(_log_path().with_name(f"openmmlab-install-{os.environ.get('PYTEST_XDIST_WORKER', 'session')}.log"),
-                         niced=False)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "session")
+        _start_installer(_log_path().with_name(f"openmmlab-install-{worker}.log"), niced=False)
     proc = _STATE["proc"]
     assert isinstance(proc, subprocess.Popen)
     if proc.poll() is None:
