@@ -84,6 +84,7 @@ def openmmlab_stack(pytestconfig: pytest.Config) -> str:
     lines = Path(str(_STATE["log"])).read_text(errors="replace").splitlines()
     if rc != 0:  # the installer also exits 1 when the stack, once installed, does not import
         tail = "\n".join(lines[-30:])
-        pytest.fail(f"the OpenMMLab install failed (exit {rc}) after {took:.0f} s; its log ends:\n{tail}", pytrace=False)
+        pytest.fail(f"the OpenMMLab install failed (exit {rc}) after {took:.0f} s; its log ends:\n{tail}",
+                    pytrace=False)
     _say(pytestconfig, f"OpenMMLab installer finished in {took:.0f} s")
     return lines[-1] if lines else ""
