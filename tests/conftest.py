@@ -71,6 +71,7 @@ def run_cli(args: list[str], cache: Path, cwd: Path | None = None, timeout: floa
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hooks: pytest runs without it too (the GPU machine's scripts)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto``: one worker per core this process may run on (its affinity), not per core of the host
     (xdist's default asks psutil for the host's physical cores, which a CPU-limited CI box may not have).
@@ -78,3 +79,27 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile`` with the longest files first (tests/xdist_order.py)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist_order import longest_file_first, read_durations
+
+    return longest_file_first(config, log, read_durations())
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--write-durations", metavar="PATH", default=None,
+                     help="write each test file's seconds as JSON to PATH (tests/durations.json orders make test)")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    path = session.config.getoption("--write-durations")
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller sees every worker's reports
+        from xdist_order import DurationWriter
+
+        session.config.pluginmanager.register(DurationWriter(Path(path)), "drivebench-durations")
