@@ -18,7 +18,8 @@ run: setup                 ## the main job: a bounded QCNet benchmark on the emb
 	$(PY) -m drivebench model=qcnet accel=max $(ARGS)
 
 # -n auto: one pytest-xdist worker per usable core (tests/conftest.py); --dist loadfile: a file's tests stay on
-# one worker, so each module fixture (a shared CLI run) runs once. ARGS="-n 0" runs in this process (pdb).
+# one worker, so each module fixture (a shared CLI run) runs once; the longest files go first (tests/xdist_order.py).
+# ARGS="-n 0" runs in this process (pdb).
 test: setup                ## the test suite (CPU only; what .ci/run calls)
 	$(PY) -m pytest -q -n auto --dist loadfile $(ARGS)
 
