@@ -45,6 +45,13 @@ def longest_file_first(config: pytest.Config, log, seconds: dict[str, float]):
                 self.ordered = True
             super()._assign_work_unit(node)
 
+        def _reschedule(self, node) -> None:
+            # A worker started in place of a crashed one is still collecting: xdist's loadfile would hand it
+            # work and fail with KeyError in _assign_work_unit (seen when two workers went down at once); it
+            # gets its work when its collection arrives (xdist then schedules every worker again).
+            if node in self.registered_collections:
+                super()._reschedule(node)
+
     return LongestFileFirst(config, log)
 
 
