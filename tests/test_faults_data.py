@@ -326,7 +326,6 @@ class BigCallbackState(pl.Callback):
         return {"ema": torch.zeros(1_000_000)}  # 4 MB
 
 
-
 def small_tmpfs(tmp_path: Path, size: str, why_skip: str) -> Path:
     """A tmpfs of ``size`` under ``tmp_path`` (free-space checks need a small filesystem); skips where
     mounting is refused. The caller unmounts it."""

@@ -257,20 +257,18 @@ def read_summary(run: RunDir) -> tuple[dict[str, Any] | None, Problem | None]:
     if not isinstance(summary, dict):
         return None, Problem(run.path, "unreadable", f"{run.summary} holds no JSON object", model, accel)
     status = dig(summary, "run", "status")
+    model, accel = dig(summary, "run", "model") or model, dig(summary, "run", "accel") or accel
     if status == SKIPPED:  # a sweep's job the machine could not hold (drivebench.scaling): its reason
-        return None, Problem(run.path, SKIPPED, str(dig(summary, "skipped", "reason") or "skipped"),
-                             dig(summary, "run", "model") or model, dig(summary, "run", "accel") or accel)
+        return None, Problem(run.path, SKIPPED, str(dig(summary, "skipped", "reason") or "skipped"), model, accel)
     interrupted = dig(summary, "run", "interrupted")
     if status == INTERRUPTED and isinstance(interrupted, dict):  # stopped on purpose (drivebench.signals), not a crash
         return None, Problem(run.path, INTERRUPTED,
                              f"stopped by {interrupted.get('signal') or 'a signal'} at step {interrupted.get('step')} "
                              f"before its schedule ended, so its figures cover part of the run; "
                              + ("resume=auto continues it from its checkpoint" if interrupted.get("checkpoint")
-                                else "no checkpoint was written: rerun it to use it"),
-                             dig(summary, "run", "model") or model, dig(summary, "run", "accel") or accel)
+                                else "no checkpoint was written: rerun it to use it"), model, accel)
     if status != COMPLETED:
-        return None, Problem(run.path, "crashed", f"status is {status!r}, not {COMPLETED!r}",
-                             dig(summary, "run", "model") or model, dig(summary, "run", "accel") or accel)
+        return None, Problem(run.path, "crashed", f"status is {status!r}, not {COMPLETED!r}", model, accel)
     return summary, None
 
 
