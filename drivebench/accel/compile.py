@@ -18,6 +18,9 @@ from torch import nn
 from drivebench.accel.settings import AccelSettings
 
 
+MULTI_UNIT_RECOMPILE_LIMIT = 64
+
+
 def compile_units(net: nn.Module) -> dict[str, nn.Module]:
     units = getattr(net, "compile_units", None)
     if callable(units):
@@ -32,8 +35,15 @@ def apply_compile(net: nn.Module, settings: AccelSettings) -> list[str]:
     import torch._dynamo
 
     torch._dynamo.config.suppress_errors = True
+    units = compile_units(net)
+    if len(units) > 1:
+        # units of one class share their code object, and dynamo's recompile limit (8) counts the variants of
+        # a code object: QCNet's 34 layers (Fourier embeddings of 1-4 features, several edge-list shapes) need
+        # more than 8, and past the limit a unit silently runs eagerly
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, MULTI_UNIT_RECOMPILE_LIMIT)
     names = []
-    for name, module in compile_units(net).items():
+    for name, module in units.items():
         module.compile(mode=settings.compile_mode, dynamic=settings.compile_dynamic)
         names.append(name)
     return names

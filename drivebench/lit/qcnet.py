@@ -11,7 +11,7 @@ from torch import nn
 from drivebench.lit.base import DriveModule
 from drivebench.models.qcnet.loss import QCNetLoss
 from drivebench.models.qcnet.metrics import MotionMetrics, constant_velocity_forecast
-from drivebench.models.qcnet.static_shapes import StaticShapePadder
+from drivebench.models.qcnet.static_shapes import ShapeBuckets, StaticShapePadder
 from drivebench.models.qcnet.vocab import FOCAL_CATEGORY
 
 
@@ -48,6 +48,9 @@ class QCNetModule(DriveModule):
         net, optimizer, scheduler, scheduler_interval, no_weight_decay: see ``DriveModule``
             (``no_weight_decay`` fragments are excluded from decay on top of upstream's rule).
         criterion: the loss; default upstream's ``QCNetLoss``.
+        bucket_growth, max_buckets: the padded shapes used with ``accel.cuda_graphs``
+            (:class:`~drivebench.models.qcnet.static_shapes.ShapeBuckets`): more buckets closer to
+            the batches pad less (less GPU work per step) and capture more graphs (warm-up, memory).
     """
 
     def __init__(
@@ -58,12 +61,15 @@ class QCNetModule(DriveModule):
         scheduler_interval: str = "epoch",
         no_weight_decay: tuple[str, ...] = (),
         criterion: QCNetLoss | None = None,
+        bucket_growth: float = 1.15,
+        max_buckets: int = 4,
     ) -> None:
         super().__init__(net, optimizer, scheduler, scheduler_interval, no_weight_decay)
         self.criterion = criterion or QCNetLoss()
         self.model_metrics = MotionMetrics(k=6)
         self.baseline_metrics = MotionMetrics(k=6)
         self.padder: StaticShapePadder | None = None
+        self.buckets = ShapeBuckets(growth=bucket_growth, max_buckets=max_buckets)  # validates both
 
     def compute_loss(self, batch: dict[str, Any], outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return self.criterion(outputs, batch)
@@ -93,7 +99,7 @@ class QCNetModule(DriveModule):
         """Pad to a shape bucket (``models/qcnet/static_shapes.py``): same loss, few distinct shapes."""
         if self.padder is None:
             g = self.net.graph_settings
-            self.padder = StaticShapePadder(g.num_historical_steps, g.num_modes)
+            self.padder = StaticShapePadder(g.num_historical_steps, g.num_modes, self.buckets)
         return self.padder(batch)
 
     def static_shapes_report(self) -> dict[str, Any]:

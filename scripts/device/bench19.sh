@@ -11,6 +11,7 @@
 #   f  MapTR convergence, accel=none, seed 2024
 #   g  QCNet: accel=max, accel=auto, accel=auto with auto_numerics (default bounded runs)
 #   h  MapTR: the same three
+#   gh QCNet and MapTR: accel=max and accel=auto only (one call instead of two; auto_numerics left out)
 #   n  a and d side by side, each pinned to 8 of the 16 cores (one call instead of two; both runs are
 #      loader-bound in their training process, so each is compared with its standalone bounded-run
 #      throughput in the log: the slowdown side by side is the bias against none, stated with the result)
@@ -72,7 +73,13 @@ case "$PART" in
      run ${M}_max 150 $B accel=max
      run ${M}_auto 200 $B accel=auto; trials ${M}_auto
      run ${M}_auto_numerics 200 $B accel=auto accel.auto_numerics=true; trials ${M}_auto_numerics ;;
-  *) log "unknown part $PART (a-h, m, n)"; exit 2 ;;
+  gh)
+     for M in qcnet maptr; do
+       B="model=$M ckpt=none"
+       run ${M}_max 140 $B accel=max
+       run ${M}_auto 160 $B accel=auto; trials ${M}_auto
+     done ;;
+  *) log "unknown part $PART (a-h, gh, m, n)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
