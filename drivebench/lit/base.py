@@ -11,6 +11,7 @@ are the datamodule's (``drivebench.data.device_transfer``), the timing is the st
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any, Callable, Iterable
 
@@ -134,8 +135,14 @@ class DriveModule(pl.LightningModule):
                      prog_bar=(name == "loss"))
         return losses["loss"]
 
+    eager_validation = False  # True: compiled units run eagerly in validation (see validation_step)
+
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        outputs = self(batch)
+        # a model whose validation batches have shapes training never saw (QCNet: unpadded, every batch its own
+        # edge counts) would compile its units again in eval mode, for minutes; it validates eagerly instead
+        stance = torch.compiler.set_stance("force_eager") if self.eager_validation else contextlib.nullcontext()
+        with stance:
+            outputs = self(batch)
         losses = self.compute_loss(batch, outputs)
         bs = self.batch_size(batch)
         for name, value in losses.items():

@@ -94,6 +94,7 @@ class QCNetModule(DriveModule):
         return int(batch["num_graphs"])
 
     supports_static_shapes = True
+    eager_validation = True  # validation batches are not padded: compiled layers would recompile for each
 
     def static_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Pad to a shape bucket (``models/qcnet/static_shapes.py``): same loss, few distinct shapes."""
