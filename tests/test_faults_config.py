@@ -86,6 +86,8 @@ BAD_VALUES = [
     ("model.optimizer.lr=-0.001", "model.optimizer.lr=-0.001 is not valid", ">= 0"),
     ("model.batch_size=0", "model.batch_size=0 is not valid", ">= 1"),
     ("model.val_batch_size=-1", "model.val_batch_size=-1 is not valid", ">= 1"),
+    ("model.module.bucket_growth=0.9", "model.module.bucket_growth=0.9 is not valid", "factor >= 1"),
+    ("model.module.max_buckets=0", "model.module.max_buckets=0 is not valid", "whole number >= 1"),
     ("model=maptr data.image_size=[0,0]", "data.image_size=[0, 0] is not valid", "[width, height]"),
     ("machine.gpus_per_node=-1", "machine.gpus_per_node=-1 is not valid", ">= 1 or null"),
     ("accel.num_workers=-1", "accel.num_workers=-1 is not valid", ">= 0 or 'auto'"),

@@ -171,3 +171,43 @@ def test_graphs_survive_a_second_fit(tmp_path):
         torch.cuda.synchronize()
     report = module.cuda_graphs_report()
     assert report["replays"] == 6 and report["graphs"] >= 2
+
+
+def _refusing_backend(gm, example_inputs):
+    raise RuntimeError("compiled")
+
+
+def test_qcnet_validates_eagerly_while_training_runs_the_compiled_layers(batch, monkeypatch):
+    """Validation batches are unpadded, so compiled layers would compile again for each: QCNetModule runs
+    validation_step under the force_eager stance; training still goes through the compiled units."""
+    import torch._dynamo
+
+    from drivebench.lit.qcnet import QCNetModule
+
+    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)  # apply_compile turns it on process-wide
+    torch._dynamo.reset()
+    net = create_model("qcnet", "test", compile_scope="layers")
+    module = QCNetModule(net, optimizer=lambda params: torch.optim.AdamW(params))
+    assert module.eager_validation
+    for unit in net.compile_units().values():
+        unit.compile(backend=_refusing_backend)
+    module.log = lambda *args, **kwargs: None  # no Trainer here
+    try:
+        module.eval()
+        module.validation_step(batch, 0)  # eager: the refusing backend is never asked
+        assert module.model_metrics.compute()  # the metrics saw the batch
+        module.train()
+        with pytest.raises(Exception, match="compiled"):
+            module.loss_of_batch(batch)
+    finally:
+        torch._dynamo.reset()
+
+
+def test_bucket_knobs_reach_the_padder_and_bad_values_are_refused():
+    from drivebench.lit.qcnet import QCNetModule
+
+    net = create_model("qcnet", "test")
+    module = QCNetModule(net, optimizer=lambda params: torch.optim.AdamW(params), bucket_growth=1.5, max_buckets=2)
+    assert (module.buckets.growth, module.buckets.max_buckets) == (1.5, 2)
+    with pytest.raises(ValueError, match="growth must be >= 1"):
+        QCNetModule(net, optimizer=lambda params: torch.optim.AdamW(params), bucket_growth=0.9)
