@@ -177,14 +177,13 @@ def _refusing_backend(gm, example_inputs):
     raise RuntimeError("compiled")
 
 
-def test_qcnet_validates_eagerly_while_training_runs_the_compiled_layers(batch, monkeypatch):
+def test_qcnet_validates_eagerly_while_training_runs_the_compiled_layers(batch):
     """Validation batches are unpadded, so compiled layers would compile again for each: QCNetModule runs
     validation_step under the force_eager stance; training still goes through the compiled units."""
     import torch._dynamo
 
     from drivebench.lit.qcnet import QCNetModule
 
-    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)  # apply_compile turns it on process-wide
     torch._dynamo.reset()
     net = create_model("qcnet", "test", compile_scope="layers")
     module = QCNetModule(net, optimizer=lambda params: torch.optim.AdamW(params))
@@ -192,6 +191,12 @@ def test_qcnet_validates_eagerly_while_training_runs_the_compiled_layers(batch, 
     for unit in net.compile_units().values():
         unit.compile(backend=_refusing_backend)
     module.log = lambda *args, **kwargs: None  # no Trainer here
+    # apply_compile turns suppress_errors on process-wide: off here, so a compiled call raises
+    with torch._dynamo.config.patch(suppress_errors=False):
+        _validate_then_train(module, batch)
+
+
+def _validate_then_train(module, batch) -> None:
     try:
         module.eval()
         module.validation_step(batch, 0)  # eager: the refusing backend is never asked
