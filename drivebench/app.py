@@ -145,9 +145,8 @@ def _validate(cfg: DictConfig) -> None:
     growth = OmegaConf.select(cfg, "model.module.bucket_growth")  # QCNet's shape buckets (accel.cuda_graphs)
     if growth is not None and (isinstance(growth, bool) or not isinstance(growth, (int, float)) or growth < 1):
         raise ConfigError(f"model.module.bucket_growth={growth!r} is not valid; use a factor >= 1 (default 1.15)")
-    buckets = OmegaConf.select(cfg, "model.module.max_buckets")
-    if buckets is not None and (isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1):
-        raise ConfigError(f"model.module.max_buckets={buckets!r} is not valid; use a whole number >= 1 (default 4)")
+    if OmegaConf.select(cfg, "model.module.max_buckets") is not None:
+        _check_positive(cfg, "model.module.max_buckets")
     lr = OmegaConf.select(cfg, "model.optimizer.lr")
     if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0):
         raise ConfigError(f"model.optimizer.lr={lr!r} is not valid; use a learning rate >= 0")

@@ -7,18 +7,6 @@
 export LIMIT=${LIMIT:-585}; source scripts/device/lib.sh || exit 1
 export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0
 B="model=qcnet accel=max bench.steps=150 bench.val_batches=0 bench.ceiling=false ckpt=none"
-facts() {  # RUN: padding, graphs and compile figures from the run's summary
-  python3 - "$RUNS/$1/summary.json" <<'PY' 2>&1 | tee -a "$OUT/log.txt"
-import json, sys
-s = json.load(open(sys.argv[1]))
-st = s.get("settings", {})
-cg = st.get("cuda_graphs") or {}
-pad = (cg.get("padding") if isinstance(cg, dict) else None) or {}
-print("  padding:", {k: pad.get(k) for k in ("buckets", "growth", "max_buckets", "padded_over_real_rows")},
-      "graphs:", {k: cg.get(k) for k in ("graphs", "capture_s")} if isinstance(cg, dict) else cg)
-print("  compile:", st.get("compile_report") or s.get("compile"), "| bottleneck:", (s.get("bottleneck") or {}).get("verdict"))
-PY
-}
 run q_max 150 $B; facts q_max                                                     # data generation included
 run q_max_b8 110 $B model.module.max_buckets=8 model.module.bucket_growth=1.06; facts q_max_b8
 run q_max_layers 260 $B model.net.compile_scope=layers; facts q_max_layers

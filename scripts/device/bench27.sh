@@ -6,7 +6,6 @@
 #   bash scripts/device/bench27.sh > /dev/null 2>&1; tail -c 9000 $OUT/log.txt     (~9 min)
 export LIMIT=${LIMIT:-585}; source scripts/device/lib.sh || exit 1
 export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0
-source <(sed -n '/^facts()/,/^}/p' scripts/device/bench26.sh)
 B="model=qcnet accel=max bench.val_batches=0 bench.ceiling=false ckpt=none"
 run q_layers_dyn250 270 $B bench.steps=250 model.net.compile_scope=layers accel.compile_dynamic=true; facts q_layers_dyn250
 run q_readme_layers 290 model=qcnet accel=max ckpt=none model.net.compile_scope=layers; facts q_readme_layers

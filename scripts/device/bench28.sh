@@ -4,7 +4,6 @@
 #   bash scripts/device/bench28.sh > /dev/null 2>&1; tail -c 6000 $OUT/log.txt     (~7 min)
 export LIMIT=${LIMIT:-500}; source scripts/device/lib.sh || exit 1
 export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0
-source <(sed -n '/^facts()/,/^}/p' scripts/device/bench26.sh)
 run q_readme 460 model=qcnet accel=max ckpt=none; facts q_readme
 grep -E "^(bottleneck|verdict|efficiency|ceiling|GPU)" "$RUNS/q_readme.log" | tee -a "$OUT/log.txt"
 log "done in $(( $(date +%s) - START ))s"

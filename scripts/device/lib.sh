@@ -29,3 +29,16 @@ run() {
   if (( rc != 0 )); then grep -E "Error|error|Traceback" "$RUNS/$name.log" | tail -6 | tee -a "$OUT/log.txt"; tail -3 "$RUNS/$name.log" >> "$OUT/log.txt"; fi
   bundle
 }
+# facts RUN: QCNet's padding, CUDA graphs, compile figures and the verdict from the run's summary
+facts() {
+  python3 - "$RUNS/$1/summary.json" <<'PY' 2>&1 | tee -a "$OUT/log.txt"
+import json, sys
+s = json.load(open(sys.argv[1]))
+st = s.get("settings", {})
+cg = st.get("cuda_graphs") or {}
+pad = (cg.get("padding") if isinstance(cg, dict) else None) or {}
+print("  padding:", {k: pad.get(k) for k in ("buckets", "growth", "max_buckets", "padded_over_real_rows")},
+      "graphs:", {k: cg.get(k) for k in ("graphs", "capture_s")} if isinstance(cg, dict) else cg)
+print("  compile:", st.get("compile_report") or s.get("compile"), "| bottleneck:", (s.get("bottleneck") or {}).get("verdict"))
+PY
+}
