@@ -212,3 +212,25 @@ def test_accel_auto_trains_with_the_choice_and_bench_autotune_only_tunes(drivebe
     assert tuned["run"]["bench"] == "autotune" and "train" not in tuned and tuned["autotune"]["preset"] == "none"
     assert tuned["autotune"]["trials"][0]["setting"]["num_workers"] == 0
     assert math.isfinite(tuned["autotune"]["cost_s"])
+
+
+def test_an_interrupted_run_keeps_the_trial_table_in_its_summary(tmp_path):
+    """A run stopped by a signal after its trial (a scheduler's SIGTERM mid-training) still records the
+    trial in ``summary.json``: the H200 run of 2026-12-02 printed the table, then wrote a summary without it."""
+    import signal
+    import time
+    from types import SimpleNamespace
+
+    from drivebench.bench.runners import TrainBench
+
+    table = {"rows": [{"stage": "base", "status": OK}], "chosen": {"num_workers": 8}, "cost_s": 12.0}
+    cfg = OmegaConf.create({"requeue": False, "ckpt": {"callback": None}})
+    run = SimpleNamespace(cfg=cfg, output_dir=tmp_path, started=time.time() - 120.0, autotune=table)
+    bench = TrainBench()
+    bench.stopped, bench._trainer, bench._phase = None, None, "training"
+    summary = {"run": {}, "paths": {}}
+    stop = bench._interrupted(run, None, summary, signal.SIGTERM)
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["run"]["status"] == "interrupted" and "status interrupted" in stop.message
+    assert written["autotune"]["chosen"] == {"num_workers": 8}
+    assert 0.09 < written["autotune"]["cost_fraction_of_run"] < 0.11  # 12 s of a ~120 s run

@@ -195,8 +195,6 @@ class TrainBench:
         self._finish(run, summary, "completed")
         if run.p2p:
             summary["dist"] = {"p2p": run.p2p}
-        if run.autotune is not None:
-            summary["autotune"] = {**run.autotune, "cost_fraction_of_run": run.autotune["cost_s"] / summary["run"]["wall_s"]}
         if not getattr(self, "is_global_zero", True):
             return summary  # rank 0 writes the one summary of the run
         path = write_summary(run.output_dir / "summary.json", summary)
@@ -223,6 +221,8 @@ class TrainBench:
         summary["run"]["finished"] = dt.datetime.now().isoformat(timespec="seconds")
         summary["run"]["wall_s"] = time.time() - run.started
         summary["run"]["status"] = status
+        if getattr(run, "autotune", None) is not None:  # completed or interrupted: the trial ran either way
+            summary["autotune"] = {**run.autotune, "cost_fraction_of_run": run.autotune["cost_s"] / summary["run"]["wall_s"]}
 
     def _interrupted(self, run: Run, logger: Any, summary: dict[str, Any], signum: int) -> Interrupted:
         """The end of a run stopped by ``signum``: the summary (``status: interrupted``, the step reached, the
