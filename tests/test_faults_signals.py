@@ -100,6 +100,45 @@ def test_outside_training_a_signal_raises_where_the_program_is(handlers):
     assert stopped.value.signum == signal.SIGUSR1 and exit_code(signal.SIGUSR1) == 138
 
 
+@pytest.mark.parametrize("signalled", [True, False], ids=["after-a-signal", "no-signal"])
+def test_a_failure_after_a_lost_signal_ends_the_run_as_interrupted(tmp_path, cache, handlers, monkeypatch, signalled):
+    """A scheduler's SIGTERM to the whole process group while validation forks its loader workers: the
+    handler's Interrupted is raised inside logging's at-fork hook, which ignores exceptions, and the next
+    failure is the dead workers' RuntimeError (seen on the H200, 2026-12-02). The run still ends as
+    interrupted, with its summary and one line, not as a failed run with a traceback; the same failure
+    with no signal received stays a failure."""
+    from hydra import compose, initialize_config_dir
+
+    from drivebench.app import build_run
+    from drivebench.bench.runners import TrainBench
+
+    conf = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "model=maptr", "accel=none", "ckpt=none", f"paths.cache={cache}", f"paths.output_dir={tmp_path}"])
+    run = build_run(cfg, tmp_path, progress=False)
+    bench = TrainBench(steps=2, warmup_steps=0, ceiling=False, val_batches=1)
+
+    def workers_died(*args: Any) -> None:
+        if signalled:
+            handlers.received = signal.SIGTERM  # what the handler recorded before its exception was swallowed
+        raise RuntimeError("DataLoader worker (pid(s) 4242) exited unexpectedly")
+
+    monkeypatch.setattr(bench, "_validate", workers_died)
+    if not signalled:
+        with pytest.raises(RuntimeError, match="exited unexpectedly"):
+            bench.run(run)
+        assert not (tmp_path / "summary.json").exists()
+        return
+    with pytest.raises(Interrupted) as stopped:
+        bench.run(run)
+    assert stopped.value.signum == signal.SIGTERM
+    assert "during validation (training reached step 2)" in stopped.value.message
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["run"]["status"] == "interrupted" and written["run"]["interrupted"]["step"] == 2
+    assert written["train"]["steps_measured"] == 2
+
+
 # ---- python -m drivebench -------------------------------------------------------------------------------
 def _stopped_line(err: str) -> str:
     lines = [line for line in err.splitlines() if line.startswith("drivebench: ")]

@@ -173,6 +173,13 @@ class TrainBench:
             if stop.message is None:
                 raise self._interrupted(run, logger, summary, stop.signum) from None
             raise
+        except Exception:
+            if STOP.received is None:
+                raise
+            # a stop signal came first and its Interrupted was lost: raised inside a hook that ignores
+            # exceptions (an at-fork callback while the loader forks its workers); what failed next is its
+            # consequence (a scheduler signals the whole process group: the loader workers died of it)
+            raise self._interrupted(run, logger, summary, STOP.received) from None
         finally:
             monitor.stop()
         summary["data"]["shm_cache"] = dm.cache_stats()
