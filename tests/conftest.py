@@ -40,6 +40,34 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def in_process_cli(monkeypatch: pytest.MonkeyPatch):
+    """Run the command's entry point in the test process and undo what a run sets process-wide: the
+    environment (cache, thread variables), torch's thread counts, the logging handlers Hydra adds and
+    Hydra's global state; the exit watchdog (which would end this process) is off."""
+    import logging
+
+    import torch
+    from hydra.core.global_hydra import GlobalHydra
+
+    env = dict(os.environ)
+    threads = torch.get_num_threads(), torch.get_num_interop_threads()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+
+    def prepare(cache: Path, cwd: Path) -> None:
+        monkeypatch.setenv("DRIVEBENCH_CACHE", str(cache))
+        monkeypatch.setenv("DRIVEBENCH_EXIT_TIMEOUT_S", "0")
+        monkeypatch.chdir(cwd)
+
+    yield prepare
+    GlobalHydra.instance().clear()
+    root.handlers[:], root.level = handlers, level
+    os.environ.clear()
+    os.environ.update(env)
+    torch.set_num_threads(threads[0])
+
+
 def session_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder shared by every worker of this session: under xdist each worker's basetemp is
     ``<session>/popen-gwN``, so the session's is its parent; without xdist, the basetemp itself."""

@@ -1,6 +1,6 @@
 """The OpenMMLab stack for the ``openmmlab`` tests: installed by the test session itself, never skipped.
 
-Why here: CI runs ``make test`` on a fresh clone, where mmcv must be compiled (about 7 min on 2 idle
+Why here: CI runs ``make test`` on a fresh clone, where mmcv must be compiled (about 2.5 min on 2 idle
 cores; the wheel is then cached outside the clone). When tests marked ``openmmlab`` are collected, the
 installer starts in the background at collection (niced, so it takes only the CPU the rest of the suite
 leaves idle); it first checks, under its lock, whether the stack imports, and then exits at once or
@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return  # gw0 starts the installer; this worker's fixture waits for it (see the module docstring)
     log = _start_installer(_log_path(), niced=len(wanted) < len(items))  # niced: the rest runs meanwhile
     _say(config, f"checking the OpenMMLab stack in the background, installing it if it does not import (first "
-                 f"time: builds mmcv, about 7 min of 2 idle cores; log: {log}). Its {len(wanted)} tests run last.")
+                 f"time: builds mmcv, about 2.5 min of 2 idle cores; log: {log}). Its {len(wanted)} tests run last.")
 
 
 def _start_installer(log: Path, niced: bool) -> Path:

@@ -136,24 +136,18 @@ def test_kill_during_checkpoint_write_then_resume_from_another_run_dir(root, cac
     assert train_phase["ckpt_blocking_s"]["median"] == 0.0  # only one measured step contains a save
 
 
-def test_resume_from_a_file_url(root, cache, reference):
-    """resume=file://... (the reference's checkpoint at step 6, written by ckpt=remote)."""
+def test_resume_from_a_file_url_mid_epoch_through_the_epoch_stream(root, cache, reference):
+    """resume=file://... (the reference's checkpoint at step 6, written by ckpt=remote), with loader workers
+    streaming across epochs (accel.prefetch_across_epochs): from step 6 (mid-epoch) over the epoch boundary
+    at step 8, losses equal the reference's. (One run for both: a mid-epoch resume with the default loader
+    is the kill-during-write test's, from step 4.)"""
     store_dir = root / "reference-store"
     assert [step for step, _ in CheckpointStore(f"file://{store_dir}").list_steps()] == [2, 4, 6, 8, 10, 12]
-    run_dir = root / "from-url"
-    sixth = step_file(store_dir, 6)
-    train(run_dir, cache, "ckpt=none", f"resume=file://{sixth}", steps=8)
-    assert summary(run_dir)["run"]["resumed_from"] == str(sixth)
-    assert_same_losses(losses(run_dir), reference, 6, 8)
-
-
-def test_resume_mid_epoch_through_the_epoch_stream(root, cache, reference):
-    """The same resume with loader workers streaming across epochs (accel.prefetch_across_epochs):
-    from step 6 (mid-epoch) over the epoch boundary at step 8, losses equal the reference's."""
-    store_dir = root / "reference-store"
     run_dir = root / "from-url-stream"
-    train(run_dir, cache, "ckpt=none", f"resume=file://{step_file(store_dir, 6)}", "accel.num_workers=1",
+    sixth = step_file(store_dir, 6)
+    train(run_dir, cache, "ckpt=none", f"resume=file://{sixth}", "accel.num_workers=1",
           "accel.persistent_workers=true", "accel.prefetch_across_epochs=true", steps=STEPS)
     result = summary(run_dir)
+    assert result["run"]["resumed_from"] == str(sixth)
     assert result["data"]["epoch_stream"] == {"iterator_starts": 1, "next_batch": [1, STEPS - 8]}
     assert_same_losses(losses(run_dir), reference, 6, STEPS)

@@ -144,9 +144,22 @@ def check_disjoint_samples(probe: Path) -> None:
         assert not set(per_rank[0]) & set(per_rank[1]), f"both ranks trained on the same sample in epoch {epoch}"
 
 
-def test_lightning_ddp_one_summary_disjoint_samples_and_p2p_off(drivebench, tmp_path):
-    run_dir = tmp_path / "run"
-    result, probe, _ = drivebench([*RUN, *DDP, "dist.p2p=off", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+@pytest.fixture(scope="module")
+def checkpointed_run(drivebench, tmp_path_factory):
+    """One Lightning-launched 2-rank run, shared by the two tests below (a DDP run is mostly the start-up of
+    its ranks): p2p off, and an asynchronous checkpoint after every step into a folder outside the run
+    directory (``root/ckpt``). The run directory is ``root/first``, the ranks' working directory ``root/a``."""
+    root = tmp_path_factory.mktemp("ddp-ckpt")
+    no_ckpt = [o for o in RUN if o != "ckpt=none"]
+    ckpt = ["ckpt=async", f"ckpt.dir={root / 'ckpt'}", "ckpt.every_n_minutes=1e-6", "ckpt.keep_last_k=0"]
+    result, probe, _ = drivebench([*no_ckpt, *DDP, "dist.p2p=off", *ckpt, f"hydra.run.dir={root / 'first'}"],
+                                  cwd=root / "a")
+    return root, result, probe
+
+
+def test_lightning_ddp_one_summary_disjoint_samples_and_p2p_off(checkpointed_run):
+    tmp_path, result, probe = checkpointed_run
+    run_dir = tmp_path / "first"
     assert result.returncode == 0, result.stderr[-3000:]
     assert summaries(tmp_path) == [run_dir / "summary.json"]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -176,15 +189,12 @@ def test_ddp_runs_every_phase_train_ceiling_and_validation(drivebench, tmp_path)
     assert sorted(r["rank"] for r in records(probe, "pg")) == [0, 1]  # the group was set up once per rank
 
 
-def test_ddp_checkpoints_and_resume_mid_epoch_on_every_rank(drivebench, tmp_path):
+def test_ddp_checkpoints_and_resume_mid_epoch_on_every_rank(drivebench, checkpointed_run, tmp_path):
     """Every rank takes each save (Lightning's save has a barrier; the every_n_minutes decision is
     rank 0's, broadcast), rank 0 writes; a resumed DDP run gives every rank the batches it would
     have had next (the loader position in the checkpoint is rank 0's, the same on every rank)."""
-    ckpt_dir = tmp_path / "ckpt"
-    no_ckpt = [o for o in RUN if o != "ckpt=none"]
-    first = tmp_path / "first"
-    result, probe, _ = drivebench([*no_ckpt, *DDP, "ckpt=async", f"ckpt.dir={ckpt_dir}", "ckpt.every_n_minutes=1e-6",
-                                   "ckpt.keep_last_k=0", f"hydra.run.dir={first}"], cwd=first.parent / "a")
+    root, result, probe = checkpointed_run
+    ckpt_dir, first = root / "ckpt", root / "first"
     assert result.returncode == 0, result.stderr[-3000:]
     saves = json.loads((first / "summary.json").read_text())["checkpoints"]
     assert [s["step"] for s in saves["each"]] == [1, 2, 3, 4, 5, 6]  # a save after every step

@@ -246,23 +246,37 @@ def test_preprocessor_casts_to_the_device_the_module_is_on():
 
 @pytest.mark.openmmlab
 @pytest.mark.usefixtures("openmmlab_stack")
-def test_cli_errors_are_one_line(drivebench_cache: Path, tmp_path: Path):
+def test_cli_errors_are_one_line(drivebench_cache: Path, tmp_path: Path, in_process_cli, capsys):
+    """The first through a real ``python -m drivebench`` (exit code, last line); the others through the
+    command's entry point in this process, where mmdet3d is already imported (a subprocess each cost
+    seconds of start-up for one line)."""
     proc = run_cli(["model=mmdet3d", "model.config=pointpilars_nus", f"hydra.run.dir={tmp_path / 'a'}"],
                    drivebench_cache)
     assert proc.returncode == 2, proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("drivebench: error: model.config='pointpilars_nus' is not an mmdet3d config")
     assert "close matches: pointpillars" in line
-    proc = run_cli(["model=mmdet3d", "model.size=test", "model.config=pointpillars_hv_secfpn_8xb6-160e_kitti-3d-car",
-                    f"hydra.run.dir={tmp_path / 'b'}"], drivebench_cache)
-    line = proc.stderr.strip().splitlines()[-1]
-    assert proc.returncode == 2 and "KittiDataset" in line and "data.dataset=config" in line, proc.stderr[-2000:]
-    proc = run_cli(["model=mmdet3d", "model.size=test", "model.config=second_hv_secfpn_8xb6-80e_kitti-3d-car",
-                    f"hydra.run.dir={tmp_path / 'c'}"], drivebench_cache)
-    line = proc.stderr.strip().splitlines()[-1]
-    assert proc.returncode == 2 and "SparseEncoder" in line and "model.size=config" in line, proc.stderr[-2000:]
-    proc = run_cli([*TEST_SIZE, "bench=mmengine", "dist=ddp", f"hydra.run.dir={tmp_path / 'd'}"], drivebench_cache)
-    assert proc.returncode == 2 and "dist=single" in proc.stderr, proc.stderr[-2000:]
+
+    from drivebench.__main__ import main
+
+    in_process_cli(drivebench_cache, tmp_path)
+
+    def refused(args: list[str]) -> tuple[int, str]:
+        """(exit code, stderr) of the drivebench command ``args``, run in this process."""
+        with pytest.raises(SystemExit) as stop:
+            main(args)
+        return stop.value.code, capsys.readouterr().err
+
+    kitti = "model.config=pointpillars_hv_secfpn_8xb6-160e_kitti-3d-car"
+    code, err = refused(["model=mmdet3d", "model.size=test", kitti, f"hydra.run.dir={tmp_path / 'b'}"])
+    line = err.strip().splitlines()[-1]
+    assert code == 2 and "KittiDataset" in line and "data.dataset=config" in line, err[-2000:]
+    code, err = refused(["model=mmdet3d", "model.size=test", "model.config=second_hv_secfpn_8xb6-80e_kitti-3d-car",
+                         f"hydra.run.dir={tmp_path / 'c'}"])
+    line = err.strip().splitlines()[-1]
+    assert code == 2 and "SparseEncoder" in line and "model.size=config" in line, err[-2000:]
+    code, err = refused([*TEST_SIZE, "bench=mmengine", "dist=ddp", f"hydra.run.dir={tmp_path / 'd'}"])
+    assert code == 2 and "dist=single" in err, err[-2000:]
 
 
 # ---- training under drivebench and under mmengine ------------------------------------------------------

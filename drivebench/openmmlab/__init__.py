@@ -42,7 +42,7 @@ def require(what: str = "model=mmdet3d") -> None:
     if missing:
         raise ConfigError(f"{what} needs the OpenMMLab stack (mmcv {MMCV_VERSION} with compiled ops, mmdet "
                           f"{MMDET_VERSION}, mmdet3d {MMDET3D_VERSION}); missing: {', '.join(missing)}. Install "
-                          f"it with `{INSTALL_COMMAND}` (builds mmcv once, about 7 min on 2 idle cores; cached)")
+                          f"it with `{INSTALL_COMMAND}` (builds mmcv once, about 2.5 min on 2 idle cores; cached)")
 
 
 UPSTREAM_NOISE = (  # warnings mmdet/mmdet3d raise on every step, about their own code

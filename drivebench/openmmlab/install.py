@@ -12,6 +12,9 @@ source build fails in four known ways, each handled here:
 * without ``MMCV_WITH_OPS=1`` the result is mmcv-lite (no ``mmcv._ext``; mmdet3d cannot import);
 * ``FORCE_CUDA`` must match the machine: CUDA ops only where a GPU and nvcc are present.
 
+The compiles go through :mod:`drivebench.openmmlab.pch` (``CXX``), which precompiles the header that 63 of
+the 77 C++ files start with once, from the first compile's own flags: half the build's CPU time, same code.
+
 The wheel is cached under ``${DRIVEBENCH_CACHE:-~/.cache/drivebench}/wheels/<python>-torch<version>-
 <ops>/``, so a second install (CI reruns, fresh venvs on the same machine) takes seconds.
 mmdet3d is installed without its dependencies (they include open3d, ~400 MB, for visualisation only);
@@ -24,6 +27,7 @@ import argparse
 import importlib.metadata
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -214,6 +218,31 @@ def _progress(log: Path, stop: threading.Event, t0: float) -> None:
         say(f"  compiling mmcv ops: {done}, {time.perf_counter() - t0:.0f} s")
 
 
+PCH_HEADER = Path("mmcv", "ops", "csrc", "common", "pytorch_cpp_helper.hpp")  # 63 of the 77 C++ files start with it
+
+
+def compiler_wrapper(bindir: Path, header: Path) -> dict[str, str]:
+    """The environment that compiles mmcv through :mod:`drivebench.openmmlab.pch` (``header`` precompiled
+    once, with the flags of the first compile): ``CXX`` is a script in ``bindir`` calling it, the real
+    compiler stays ``$CXX`` (or ``c++``). Cuts the CPU time of the ops' compiles by about a half."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    script = bindir / "c++-pch"
+    pch = Path(__file__).with_name("pch.py")
+    script.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -I -S {shlex.quote(str(pch))} "$@"\n')
+    script.chmod(0o755)
+    return {"CXX": str(script), "DRIVEBENCH_PCH_CXX": os.environ.get("CXX") or "c++",
+            "DRIVEBENCH_PCH_HEADER": str(header)}
+
+
+def pch_note(log: Path) -> str:
+    """What the build log says about the precompiled header (made? rejected by some compiles?)."""
+    text = log.read_text(errors="replace")
+    if "drivebench pch: precompiled" not in text:
+        return "; no precompiled header was made" + (" (it failed: see the log)" if "drivebench pch:" in text else "")
+    rejected = len(re.findall(r"warning: .*\.gch.*\[-Winvalid-pch\]", text))
+    return "; precompiled header made" + (f", {rejected} -Winvalid-pch warnings (see the log)" if rejected else "")
+
+
 def build_wheel(dest: Path, jobs: int) -> Path:
     """Build mmcv's wheel with its ops into ``dest``; returns the wheel."""
     check_compiler()
@@ -239,8 +268,13 @@ def build_wheel(dest: Path, jobs: int) -> Path:
             + (f", C++ standard raised to c++20 in {patched} places" if patched else "") + f"); log: {log}")
         env = {**os.environ, "MMCV_WITH_OPS": "1", "FORCE_CUDA": "1" if with_cuda else "0", "MAX_JOBS": str(jobs),
                "PYTHONPATH": _pythonpath(tools), "PATH": os.pathsep.join([str(tools / "bin"), os.environ["PATH"]]),
-               # no debug info: a quarter less compile time and a 10x smaller library; same code
-               "CFLAGS": (os.environ.get("CFLAGS", "") + " -g0").strip()}
+               # no debug info: a quarter less compile time and a 10x smaller library; same code.
+               # -Winvalid-pch: the log says so where a compile cannot use the precompiled header
+               "CFLAGS": (os.environ.get("CFLAGS", "") + " -g0 -Winvalid-pch").strip()}
+        if (src / PCH_HEADER).exists():
+            env.update(compiler_wrapper(Path(tmp) / "pch-bin", src / PCH_HEADER))
+        else:
+            say(f"{PCH_HEADER} not in mmcv's source: compiling without a precompiled header")
         out = Path(tmp) / "wheels"
         stop = threading.Event()
         ticker = threading.Thread(target=_progress, args=(log, stop, t0), daemon=True)
@@ -255,7 +289,7 @@ def build_wheel(dest: Path, jobs: int) -> Path:
             raise InstallError(f"the build produced no mmcv wheel; see {log}")
         final = dest / built[0].name
         shutil.move(str(built[0]), final)
-    say(f"built {final.name} in {time.perf_counter() - t0:.0f} s (cached in {dest})")
+    say(f"built {final.name} in {time.perf_counter() - t0:.0f} s (cached in {dest})" + pch_note(log))
     return final
 
 
