@@ -228,7 +228,7 @@ class TrainBench:
         summary["run"]["finished"] = dt.datetime.now().isoformat(timespec="seconds")
         summary["run"]["wall_s"] = time.time() - run.started
         summary["run"]["status"] = status
-        if getattr(run, "autotune", None) is not None:  # completed or interrupted: the trial ran either way
+        if run.autotune is not None:  # completed or interrupted: the trial ran either way
             summary["autotune"] = {**run.autotune, "cost_fraction_of_run": run.autotune["cost_s"] / summary["run"]["wall_s"]}
 
     def _interrupted(self, run: Run, logger: Any, summary: dict[str, Any], signum: int) -> Interrupted:

@@ -26,28 +26,6 @@ export LIMIT=${LIMIT:-588}; source scripts/device/lib.sh || exit 1
 export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0 KILL_GRACE=${KILL_GRACE:-15}
 PART=${1:-a}
 
-curve() {  # RUN METRIC...: the validation metric after each epoch (step:value@seconds since training began)
-  python3 - "$RUNS/$1" "${@:2}" <<'EOF' 2>&1 | tee -a "$OUT/log.txt"
-import sys
-from drivebench.report import load_runs
-from drivebench.report.convergence import validation_curve
-runs = load_runs([sys.argv[1]])
-if runs.runs.empty:
-    sys.exit(f"no completed run in {sys.argv[1]}")
-for metric in sys.argv[2:]:
-    c = validation_curve(runs.scalars, str(runs.runs["run_dir"].iloc[0]), metric)
-    print(f"  {metric}: " + " ".join(f"{int(s)}:{v:.4g}@{t:.0f}s" for s, v, t in zip(c["step"], c["value"], c["elapsed_s"])))
-EOF
-}
-trials() {  # RUN: the accel trial's table from the run's summary
-  python3 -c "import json, sys; from drivebench.bench.autotune import render_trials; print(render_trials(json.load(open(sys.argv[1]))['autotune']))" \
-    "$RUNS/$1/summary.json" 2>&1 | tee -a "$OUT/log.txt"
-}
-report() {  # this part's runs, reported with their recorded targets
-  (( $(left) > 30 )) && timeout 60 python3 -m drivebench.report "$RUNS" --out "$OUT/report" > "$OUT/report.txt" 2>&1
-  grep -A12 "^convergence:" "$OUT/report.txt" | tee -a "$OUT/log.txt"
-}
-
 C="+experiment=convergence"
 QM="val/minFDE val/cv_minFDE"
 MM="val/mAP"

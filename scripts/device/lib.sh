@@ -42,3 +42,31 @@ print("  padding:", {k: pad.get(k) for k in ("buckets", "growth", "max_buckets",
 print("  compile:", st.get("compile_report") or s.get("compile"), "| bottleneck:", (s.get("bottleneck") or {}).get("verdict"))
 PY
 }
+# curve RUN METRIC...: the validation metric after each epoch (step:value@seconds since training began)
+curve() {
+  python3 - "$RUNS/$1" "${@:2}" <<'PY' 2>&1 | tee -a "$OUT/log.txt"
+import sys
+from drivebench.report import load_runs
+from drivebench.report.convergence import validation_curve
+runs = load_runs([sys.argv[1]])
+if runs.runs.empty:
+    sys.exit(f"no completed run in {sys.argv[1]}")
+for metric in sys.argv[2:]:
+    c = validation_curve(runs.scalars, str(runs.runs["run_dir"].iloc[0]), metric)
+    print(f"  {metric}: " + " ".join(f"{int(s)}:{v:.4g}@{t:.0f}s" for s, v, t in zip(c["step"], c["value"], c["elapsed_s"])))
+PY
+}
+# trials RUN: the accel trial's table and its cost from the run's summary
+trials() {
+  python3 - "$RUNS/$1/summary.json" <<'PY' 2>&1 | tee -a "$OUT/log.txt"
+import json, sys
+from drivebench.bench.autotune import render_trials
+a = json.load(open(sys.argv[1]))["autotune"]
+print(render_trials(a)); print("  cost_s", a.get("cost_s"), "fraction", a.get("cost_fraction_of_run"))
+PY
+}
+# report: this call's runs, reported with their recorded targets (the convergence table into the log)
+report() {
+  (( $(left) > 30 )) && timeout 60 python3 -m drivebench.report "$RUNS" --out "$OUT/report" > "$OUT/report.txt" 2>&1
+  grep -A12 "^convergence:" "$OUT/report.txt" | tee -a "$OUT/log.txt"
+}
