@@ -327,7 +327,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
             if cfg.accel.get("auto_trial") or getattr(bench, "tunes_accel", False):
                 from drivebench.bench.autotune import AccelTrial, with_accel  # imports the benches, which import us
 
-                trial = AccelTrial(cfg, output_dir, build_run)
+                trial = AccelTrial(cfg, output_dir, build_run, judge_in_run=not getattr(bench, "tunes_accel", False))
                 tuned = trial.run()  # times the candidates, prints the table
                 cfg = with_accel(cfg, trial.chosen)
             run = build_run(cfg, output_dir)

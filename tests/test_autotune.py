@@ -16,7 +16,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from drivebench.accel.autotune import (CUT, FAILED, OK, SKIPPED, Capabilities, Measurement, Stage, Trial, choose,
+from drivebench.accel.autotune import (CUT, FAILED, IN_RUN, OK, SKIPPED, Capabilities, Measurement, Stage, Trial, choose,
                                        plan_stages, search, worker_counts)
 from drivebench.app import build_run
 from drivebench.bench.autotune import AccelTrial, render_trials
@@ -34,7 +34,7 @@ def _fixed(times: dict[int, float], wait: dict[int, float] | None = None, fail: 
     """measure(): step time by num_workers (what a table of past measurements would say)."""
     calls = []
 
-    def measure(setting, seconds_left):
+    def measure(setting, seconds_left, stop_above_s=None):
         n = setting["num_workers"]
         calls.append((n, seconds_left))
         if n in fail:
@@ -89,7 +89,7 @@ def test_the_budget_stops_the_search_and_names_what_it_left_out():
     clock = FakeClock()
     measure, calls = _fixed({0: 1.0, 1: 0.9, 2: 0.8, 4: 0.7}, cost=4.0)
 
-    def timed(setting, left):
+    def timed(setting, left, stop_above_s=None):
         clock.now += 4.0  # every trial costs 4 s
         return measure(setting, left)
     stages = [Stage("num_workers", (0, 1, 2, 4), bound_by="data_wait", ordered=True), Stage("pin_memory", (False, True))]
@@ -142,21 +142,24 @@ def _trial(cfg, tmp_path):
 
 def test_with_a_slow_loader_the_trial_picks_loader_workers(drivebench_cache, tmp_path):
     # 0.15 s per sample in the loader, 0.3 s per batch of 2: more than MapTR test computes per step here
-    trial, block, printed = _trial(_cfg(drivebench_cache, tmp_path, sleep_s=0.15), tmp_path)
+    trial, block, printed = _trial(_cfg(drivebench_cache, tmp_path, "accel.num_workers=0", sleep_s=0.15), tmp_path)
     rows = block["trials"]
     base = rows[0]
     assert base["change"] == "base" and base["setting"]["num_workers"] == 0 and base["status"] == OK
     assert base["data_wait_fraction"] > 0.3
-    assert trial.chosen["num_workers"] >= 1 and block["changed"]["num_workers"] == trial.chosen["num_workers"]
+    assert trial.chosen["num_workers"] >= 1 and block["changed"]["num_workers"] == trial.chosen["num_workers"], render_trials(block)
     winner = next(r for r in rows if r["chosen"])
     assert winner["step_s_median"] < base["step_s_median"] / (1 + block["margin"])
-    assert all(r["steps_measured"] == 4 for r in rows if r["status"] == OK)
+    # every completed row measured its 4 steps, or stopped after 3 as far slower than the incumbent
+    assert all(r["steps_measured"] == 4 or (r["steps_measured"] == 3 and "stopped after 3" in r["reason"])
+               for r in rows if r["status"] == OK), render_trials(block)
     assert printed and "num_workers=" in printed[0] and "<- chosen" in printed[0]
     assert not (tmp_path / "run" / "autotune").exists()   # trials leave nothing in the run directory
 
 
 def test_a_failing_candidate_is_skipped_with_its_error_recorded(drivebench_cache, tmp_path):
-    trial, block, _ = _trial(_cfg(drivebench_cache, tmp_path, sleep_s=0.15, fail_in_workers=True), tmp_path)
+    trial, block, _ = _trial(_cfg(drivebench_cache, tmp_path, "accel.num_workers=0", sleep_s=0.15,
+                                  fail_in_workers=True), tmp_path)
     failed = [r for r in block["trials"] if r["status"] == FAILED]
     assert failed and all(r["setting"]["num_workers"] > 0 for r in failed), render_trials(block)
     assert all("cannot run in a loader worker" in r["reason"] for r in failed)
@@ -234,3 +237,119 @@ def test_an_interrupted_run_keeps_the_trial_table_in_its_summary(tmp_path):
     assert written["run"]["status"] == "interrupted" and "status interrupted" in stop.message
     assert written["autotune"]["chosen"] == {"num_workers": 8}
     assert 0.09 < written["autotune"]["cost_fraction_of_run"] < 0.11  # 12 s of a ~120 s run
+
+
+# ---- early stop of a far slower candidate; compile judged on the run's own steps ----------------------
+def test_a_far_slower_candidate_stops_early_and_is_not_cut_or_chosen():
+    from drivebench.accel.autotune import SLOWER_STOP
+
+    seen = []
+
+    def measure(setting, seconds_left, stop_above_s=None):
+        n = setting["num_workers"]
+        seen.append((n, stop_above_s))
+        slow = n == 16
+        return Measurement(steps_measured=3 if slow else 4, steps_wanted=4, stopped_slower=slow,
+                           step_s={"median": 2.0 if slow else 1.0 / (1 + n)}, data_wait_fraction=0.5, cost_s=1.0)
+    result = search({"num_workers": 0}, [Stage("num_workers", (0, 16), bound_by="data_wait", ordered=True)],
+                    measure, budget_s=100, margin=0.05)
+    assert seen[0] == (0, None)                                   # the base: nothing to compare against
+    assert seen[1] == (16, pytest.approx(1.0 * (1 + SLOWER_STOP * 0.05)))
+    row = result.trials[1]
+    assert row.status == OK and "stopped after 3 of 4" in row.reason and not row.chosen
+    assert result.chosen == {"num_workers": 0} and not result.stopped_by_budget
+
+
+def test_the_stop_when_slower_callback_fires_only_past_its_limit():
+    from types import SimpleNamespace
+
+    from drivebench.bench.autotune import _StopWhenSlower
+    from drivebench.perf.callback import PhaseTimes, StepRecord
+
+    def records(*steps):
+        times = PhaseTimes("autotune")
+        times.records = [StepRecord(step=i, warmup=False, samples=1, step_s=s, data_wait_s=0, h2d_s=0,
+                                    gpu_preprocess_s=0, compute_s=s) for i, s in enumerate(steps)]
+        return SimpleNamespace(times=times)
+    for steps, limit, fires in (((1.0, 1.0), 0.5, False), ((1.0, 1.0, 1.0), 0.5, True), ((0.4, 0.6, 0.4), 0.5, False),
+                                ((1.0, 1.0, 1.0), None, False)):
+        trainer = SimpleNamespace(should_stop=False)
+        callback = _StopWhenSlower(records(*steps), limit)
+        callback.on_train_batch_end(trainer)
+        assert trainer.should_stop is fires and callback.fired is fires, (steps, limit)
+
+
+def test_compile_is_left_to_the_run_even_when_the_budget_ran_out():
+    caps = Capabilities(**{**GPU_CAPS.__dict__, "compile_units": 3})
+    stages, not_allowed = plan_stages(caps, auto_numerics=False)
+    assert stages[-1].knob == "compile" and stages[-1].in_run and "compile" not in {n["stage"] for n in not_allowed}
+    clock = FakeClock()
+    calls = []
+
+    def measure(setting, seconds_left, stop_above_s=None):
+        calls.append(setting)
+        clock.now += 30.0
+        return Measurement(steps_measured=4, steps_wanted=4, step_s={"median": 1.0}, data_wait_fraction=0.5, cost_s=30)
+    base = {knob: None for knob in ("num_workers", "prefetch_factor", "cuda_graphs", "compile", "pin_memory",
+                                    "fused_optimizer")}
+    base.update(num_workers=8, compile=False, cuda_graphs="off")
+    result = search(base, stages, measure, budget_s=50, margin=0.05, clock=clock)
+    assert result.stopped_by_budget and all(not setting["compile"] for setting in calls)  # never timed here
+    row = next(t for t in result.trials if t.stage == "compile")
+    assert row.status == IN_RUN and row.setting["compile"] is True and result.in_run == ["compile"]
+    assert not any(t.stage == "compile" and t.status == SKIPPED for t in result.trials)
+
+
+class _TinyModule:
+    """A LightningModule around one compiled Linear (dynamo's eager backend: a real compiled call, no codegen)."""
+
+    @staticmethod
+    def build():
+        import lightning.pytorch as pl
+        import torch
+        from torch import nn
+
+        class Tiny(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.net = nn.Linear(4, 1)
+                self.graphed_loss = None
+
+            def training_step(self, batch, batch_idx):
+                return self.net(batch[0]).pow(2).mean()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        module = Tiny()
+        module.net.compile(backend="eager")
+        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=4)
+        return module, data
+
+
+@pytest.mark.parametrize("eager_step_s, kept", [(60.0, True), (1e-9, False)])
+def test_the_run_keeps_compile_only_when_its_own_steps_beat_the_eager_choice(tmp_path, eager_step_s, kept):
+    import lightning.pytorch as pl
+
+    from drivebench.accel.compile_judge import CompileJudge
+    from drivebench.perf.callback import StepTimer
+
+    module, data = _TinyModule.build()
+    eager = {"num_workers": 0, "compile": False, "cuda_graphs": "off"}
+    block = {"base": dict(eager), "eager_choice": dict(eager), "chosen": {**eager, "compile": True},
+             "changed": {"compile": True}, "trials": [{"stage": "base", "chosen": True},
+                                                      {"stage": "compile", "status": IN_RUN, "chosen": False}]}
+    timer = StepTimer("train", warmup_steps=1)
+    judge = CompileJudge(timer, {"net": module.net}, eager_step_s, margin=0.05, steps=3, graphs_after_revert=False,
+                         record=block)
+    trainer = pl.Trainer(max_steps=8, logger=False, callbacks=[timer, judge], enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                         default_root_dir=str(tmp_path))
+    trainer.fit(module, data)
+    verdict = block["compile_in_run"]
+    assert verdict["judged"] and verdict["kept"] is kept and verdict["judged_at_step"] == 4  # 1 warm-up + 3 measured
+    assert (module.net._compiled_call_impl is not None) is kept
+    row = block["trials"][1]
+    assert row["chosen"] is kept and row["steps_measured"] == 3 and row["step_s_median"] == verdict["compiled_step_s"]
+    assert block["chosen"]["compile"] is kept and ("compile" in block["changed"]) is kept
+    assert trainer.global_step == 8  # the run goes on either way

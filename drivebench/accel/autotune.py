@@ -1,16 +1,25 @@
 """``accel=auto``: which knobs help on this machine and model, found by timing them.
 
 The search is greedy, one knob (a *stage*) at a time, in the order of what usually pays most:
-loader workers, prefetch, the device transform, CUDA graphs, compile, activation checkpointing off,
+loader workers, prefetch, the device transform, CUDA graphs, activation checkpointing off,
 precision and TF32 (only with ``accel.auto_numerics``), channels-last, cuDNN autotuning, pinned
-memory, the fused optimizer. Each
+memory, the fused optimizer; then compile, in the run (below). Each
 stage times the values of its knob on top of the best setting so far (the *incumbent*) and keeps the
 first value, in the stage's order (simplest first), whose median step time is within ``margin`` of
 the fastest: a gain inside the noise does not buy complexity. A count (workers, prefetch) is tried
 from its largest value down: when the largest is no faster than the incumbent, nothing in between is
 tried; going down stops at the first value slower than the stage's best. A stage the machine or model does not
 allow is listed with the reason; a stage the incumbent's own figures rule out (the loader already
-keeps up, the copy to the device takes under ``margin`` of a step) is skipped with the numbers.
+keeps up, the copy to the device takes under ``margin`` of a step) is skipped with the numbers. A
+candidate whose first measured steps are already far slower than the incumbent
+(``SLOWER_STOP`` x margin) stops there: its trial says all it needs to.
+
+Compile is not a trial stage but the last decision, made on the run's own steps
+(``drivebench.accel.compile_judge``): a cold compile takes minutes (QCNet on an H200: 130-190 s),
+which no trial budget of a bounded run covers and which, tried in the trial and then again in the
+run, would be paid twice. The run starts compiled (with CUDA graphs where the model allows them) on
+top of the trial's eager choice, and goes back to that choice when its compiled steps are not faster
+than the incumbent's trial median by the margin.
 
 Candidates are accel overrides, applied through the same resolution as the presets
 (``AccelSettings.resolve``); this module only plans and decides. Measuring one candidate (a real
@@ -27,7 +36,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-OK, FAILED, CUT, SKIPPED = "ok", "failed", "cut", "skipped"
+OK, FAILED, CUT, SKIPPED, IN_RUN = "ok", "failed", "cut", "skipped", "in run"
+SLOWER_STOP = 5.0  # a candidate stops early once its median is over (1 + SLOWER_STOP * margin) x the incumbent's
+SLOWER_AFTER = 3   # measured steps before that check
 LOADER_BOUND, H2D_BOUND = "data_wait", "h2d"
 
 
@@ -56,6 +67,7 @@ class Stage:
     values: tuple[Any, ...]
     bound_by: str | None = None     # skip when the incumbent shows this share of the step below the margin
     ordered: bool = False           # a count (workers, prefetch): the largest first, then down while it pays
+    in_run: bool = False            # decided on the run's own steps, not timed in the trial (compile)
 
 
 @dataclass
@@ -70,6 +82,7 @@ class Measurement:
     samples_per_s: float = math.nan
     error: str | None = None
     cost_s: float = 0.0
+    stopped_slower: bool = False    # stopped after SLOWER_AFTER steps: already far slower than the incumbent
 
     @property
     def median(self) -> float:
@@ -133,9 +146,6 @@ def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], l
           no_gpu or ("" if caps.device_transform else "the model has no device-side transform"),
           bound_by=LOADER_BOUND)
     stage("cuda_graphs", ("off", "on"), no_gpu or caps.cuda_graphs)
-    compile_why = ("inductor's CPU compile takes minutes (accel.compile auto = GPUs only)" if not caps.on_gpu
-                   else "" if caps.compile_units else "the model declares no compile units")
-    stage("compile", (False, True), compile_why)
     stage("activation_checkpointing", ("keep", "off"),
           "" if caps.checkpointed else "the model does not checkpoint activations")
     numerics = "" if auto_numerics else "accel.auto_numerics=false (the number format stays fp32)"
@@ -147,6 +157,9 @@ def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], l
     stage("cudnn_benchmark", (False, True), no_gpu or convs)
     stage("pin_memory", (False, True), no_gpu, bound_by=H2D_BOUND)
     stage("fused_optimizer", (False, True), no_gpu or caps.fused_optimizer)
+    compile_why = ("inductor's CPU compile takes minutes (accel.compile auto = GPUs only)" if not caps.on_gpu
+                   else "" if caps.compile_units else "the model declares no compile units")
+    stage("compile", (False, True), compile_why, in_run=True)
     return planned, not_allowed
 
 
@@ -162,6 +175,10 @@ def _trial_order(stage: Stage, current: Any) -> list[Any]:
     return [v for v in reversed(stage.values) if v != current]
 
 
+def _also(reason: str | None, more: str) -> str:
+    return f"{reason}; {more}" if reason else more
+
+
 def _stop_descending(stage: Stage, trial: Trial, in_stage: dict[Any, Trial], current: Any, margin: float) -> bool:
     """Whether a count stage can stop after ``trial`` (smaller values would only be slower); says why."""
     done = [t for t in in_stage.values() if t.status == OK and t.step_s_median is not None]
@@ -169,10 +186,10 @@ def _stop_descending(stage: Stage, trial: Trial, in_stage: dict[Any, Trial], cur
     value = trial.setting.get(stage.knob)
     if value == stage.values[-1] and in_stage[current].status == OK and (
             in_stage[current].step_s_median <= trial.step_s_median * (1.0 + margin)):
-        trial.reason = f"no faster than {_label(stage.knob, current)}: a count in between is not tried"
+        trial.reason = _also(trial.reason, f"no faster than {_label(stage.knob, current)}: a count in between is not tried")
         return True
     if trial.step_s_median > best * (1.0 + margin):
-        trial.reason = "slower than the best of this stage: smaller values not tried"
+        trial.reason = _also(trial.reason, "slower than the best of this stage: smaller values not tried")
         return True
     return False
 
@@ -193,18 +210,22 @@ class SearchResult:
     not_allowed: list[dict[str, str]]
     cost_s: float
     stopped_by_budget: bool
+    in_run: list[str] = field(default_factory=list)  # knobs left to the run's own steps (compile)
 
     def changes(self, base: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in self.chosen.items() if base.get(k) != v}
 
 
-def search(base: Mapping[str, Any], stages: Sequence[Stage], measure: Callable[[dict[str, Any], float], Measurement],
+def search(base: Mapping[str, Any], stages: Sequence[Stage],
+           measure: Callable[[dict[str, Any], float, float | None], Measurement],
            budget_s: float, margin: float, not_allowed: Sequence[dict[str, str]] = (),
            clock: Callable[[], float] = time.monotonic) -> SearchResult:
     """Greedy search from ``base`` (the preset's knob values) over ``stages``.
 
-    ``measure(setting, seconds_left)`` trains a few steps with the accel overrides ``setting`` and
-    stops at ``seconds_left``; it returns a :class:`Measurement` (``error`` set when it raised).
+    ``measure(setting, seconds_left, stop_above_s)`` trains a few steps with the accel overrides
+    ``setting``, stops at ``seconds_left``, and after ``SLOWER_AFTER`` measured steps stops when their
+    median is over ``stop_above_s`` (None: never); it returns a :class:`Measurement` (``error`` set
+    when it raised). Stages marked ``in_run`` are not measured: they get an ``in run`` row.
     """
     start = clock()
     trials: list[Trial] = []
@@ -225,7 +246,9 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage], measure: Callable[[
                                                    f"{budget_s:g} left, a trial costs ~{typical:.1f} s")
             trials.append(trial)
             return trial
-        m = measure(dict(setting), remaining)
+        reference = next((t.step_s_median for t in trials if t.chosen), None)  # the incumbent's
+        stop_above = reference * (1.0 + SLOWER_STOP * margin) if reference else None
+        m = measure(dict(setting), remaining, stop_above)
         trial.cost_s = m.cost_s
         trial.steps_measured = m.steps_measured
         trial.step_s_median, trial.step_s_p10 = _finite(m.median), _finite(m.step_s.get("p10", math.nan))
@@ -234,6 +257,9 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage], measure: Callable[[
         trial.data_wait_fraction, trial.h2d_fraction = _finite(m.data_wait_fraction), _finite(m.h2d_fraction)
         if m.error is not None:
             trial.status, trial.reason = FAILED, m.error
+        elif m.stopped_slower and trial.step_s_median is not None:
+            trial.reason = (f"stopped after {m.steps_measured} of {m.steps_wanted} measured steps: over "
+                            f"{1.0 + SLOWER_STOP * margin:.2f}x the incumbent's median")
         elif m.steps_measured < m.steps_wanted or trial.step_s_median is None:
             stopped = True
             trial.status = CUT
@@ -247,6 +273,8 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage], measure: Callable[[
         current = incumbent.setting.get(stage.knob, base.get(stage.knob))
         if incumbent.status != OK:
             break  # nothing to compare against: the preset's own trial failed or was cut
+        if stage.in_run:
+            continue  # after the search, on the run's own steps (rows below)
         if stage.bound_by is not None:
             share = incumbent.data_wait_fraction if stage.bound_by == LOADER_BOUND else incumbent.h2d_fraction
             if share is not None and share < margin:
@@ -281,12 +309,18 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage], measure: Callable[[
     if stopped:  # the stages never reached, named, so the table says what the budget left out
         reached = {t.stage for t in trials}
         for stage in stages:
-            if stage.knob not in reached:
+            if stage.knob not in reached and not stage.in_run:
                 trials.append(Trial(stage=stage.knob, change=f"{stage.knob}: not tried", setting=dict(incumbent.setting),
                                     status=SKIPPED, reason=f"budget: accel.auto_budget_s={budget_s:g} spent"))
     # the preset's own trial failed or was cut (a loaded machine, a tiny budget): the run trains with the
     # preset, and no row is marked chosen, since a cut trial is never chosen
     incumbent.chosen = incumbent.status == OK
     chosen = incumbent.setting if incumbent.status == OK else dict(base)
+    in_run = [stage.knob for stage in stages if stage.in_run] if incumbent.status == OK else []
+    for knob in in_run:  # no trial budget: the run starts with it and keeps it only if its steps are faster
+        value = next(stage.values[-1] for stage in stages if stage.knob == knob)
+        trials.append(Trial(stage=knob, change=_label(knob, value), setting={**chosen, knob: value}, status=IN_RUN,
+                            reason="judged on the run's own first steps against the chosen row (a cold compile "
+                                   "takes minutes: tried here, the run would pay it again)"))
     return SearchResult(chosen=chosen, trials=trials, not_allowed=list(not_allowed), cost_s=clock() - start,
-                        stopped_by_budget=stopped)
+                        stopped_by_budget=stopped, in_run=in_run if incumbent.status == OK else [])

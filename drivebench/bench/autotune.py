@@ -4,6 +4,8 @@ A candidate is the run's config with some accel knobs overridden; it is built by
 ``build_run`` as any run (so ``AccelSettings.resolve`` and the CUDA-graph and compile rules apply as
 they do for the presets), trained ``accel.auto_warmup_steps + accel.auto_steps`` steps under the
 step timer, and torn down. ``drivebench.accel.autotune`` plans the candidates and decides.
+Compile is not timed here: the run starts with it and ``drivebench.accel.compile_judge`` keeps or
+undoes it on the run's own steps (``in_run_judge``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import gc
 import logging
 import math
 import shutil
+import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -23,7 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from drivebench.accel.autotune import (Capabilities, Measurement, SearchResult, plan_stages, search)
+from drivebench.accel.autotune import (IN_RUN, SKIPPED, SLOWER_AFTER, Capabilities, Measurement, SearchResult, plan_stages, search)
 from drivebench.accel.compile import compile_units
 from drivebench.accel.cuda_graphs import settle_cuda_graphs
 from drivebench.accel.gc_freeze import FreezeHeap
@@ -54,6 +57,22 @@ def _error_text(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}".rstrip(": ")
 
 
+class _StopWhenSlower(pl.Callback):
+    """Stop a candidate once the median of its first ``SLOWER_AFTER`` measured steps is over ``limit_s``
+    (far slower than the incumbent: more steps would not change the decision)."""
+
+    def __init__(self, timer: StepTimer, limit_s: float | None) -> None:
+        self.timer, self.limit_s, self.fired = timer, limit_s, False
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        measured = self.timer.times.measured()
+        if self.limit_s is None or self.fired or len(measured) < SLOWER_AFTER:
+            return
+        if statistics.median(r.step_s for r in measured) > self.limit_s:
+            self.fired = True
+            trainer.should_stop = True
+
+
 class AccelTrial:
     """Time the candidates for ``cfg`` and choose; :meth:`run` returns the summary's ``autotune`` block.
 
@@ -65,7 +84,7 @@ class AccelTrial:
     """
 
     def __init__(self, cfg: DictConfig, output_dir: Path, build_run: Callable[..., Any],
-                 report: Callable[[str], None] | None = None) -> None:
+                 report: Callable[[str], None] | None = None, judge_in_run: bool = True) -> None:
         if cfg.dist.get("strategy") == "ddp":
             raise ConfigError(f"accel.auto_trial=true (accel={cfg.accel.name}) runs its trial in one process and "
                               f"dist={cfg.dist.name} starts several; use dist=single, or run bench=autotune once and "
@@ -78,12 +97,14 @@ class AccelTrial:
         self.steps, self.warmup = int(accel.auto_steps), int(accel.auto_warmup_steps)
         self._prebuilt: tuple[dict[str, Any], Any] | None = None
         self.chosen: dict[str, Any] = {}
+        self.judge_in_run = judge_in_run  # False under bench=autotune: no run follows to judge compile on
 
     # ---- one candidate -----------------------------------------------------------------------
-    def _fit(self, run: Any, seconds_left: float) -> Measurement:
+    def _fit(self, run: Any, seconds_left: float, stop_above_s: float | None = None) -> Measurement:
         wanted = self.warmup + self.steps
         timer = StepTimer("autotune", self.warmup, sync_each_step=False, log_every_n_steps=max(wanted, 1))
-        callbacks: list[pl.Callback] = ([FreezeHeap()] if run.accel.gc_freeze else []) + [timer]
+        slower = _StopWhenSlower(timer, stop_above_s)
+        callbacks: list[pl.Callback] = ([FreezeHeap()] if run.accel.gc_freeze else []) + [timer, slower]
         trainer_cfg = self.cfg.trainer
         trainer = pl.Trainer(
             **run.trainer_kwargs(), logger=False, callbacks=callbacks, max_steps=wanted, max_epochs=-1,
@@ -105,9 +126,10 @@ class AccelTrial:
             steps_measured=int(stats.get("steps_measured", 0)), steps_wanted=self.steps, step_s=dict(step),
             data_wait_fraction=float(stats.get("data_wait_fraction", math.nan)),
             h2d_fraction=(h2d / step["mean"]) if h2d is not None and step.get("mean") else math.nan,
-            samples_per_s=float((stats.get("samples_per_s_per_step") or {}).get("median", math.nan)))
+            samples_per_s=float((stats.get("samples_per_s_per_step") or {}).get("median", math.nan)),
+            stopped_slower=slower.fired)
 
-    def measure(self, setting: dict[str, Any], seconds_left: float) -> Measurement:
+    def measure(self, setting: dict[str, Any], seconds_left: float, stop_above_s: float | None = None) -> Measurement:
         """Build the candidate as a run, train it a few steps, tear it down; errors are recorded, not raised."""
         t0 = time.monotonic()
         run = None
@@ -118,7 +140,7 @@ class AccelTrial:
                 run = self.build_run(with_accel(self.cfg, setting), self._trial_dir(), progress=False)
                 run.datamodule.prepare_data()
                 run.datamodule.setup("fit")
-            result = self._fit(run, seconds_left - (time.monotonic() - t0))
+            result = self._fit(run, seconds_left - (time.monotonic() - t0), stop_above_s)
         except Exception as err:  # a candidate that cannot run here: recorded, never chosen
             result = Measurement(error=_error_text(err), steps_wanted=self.steps)
         finally:
@@ -185,10 +207,33 @@ class AccelTrial:
         if result.trials and result.trials[0].status == "failed":
             raise ConfigError(f"accel={accel.name}: the trial of the preset's own setting failed ({result.trials[0].reason}); "
                               "nothing to compare against")
-        self.chosen = dict(result.chosen)
+        eager = dict(result.chosen)
+        in_run = self._in_run_setting(result, caps, eager)
+        self.chosen = {**eager, **in_run}
         block = self.summary(result, base, caps, prepare_s)
+        eager_row = next((t for t in result.trials if t.chosen), None)
+        block.update(chosen=dict(self.chosen), changed={k: v for k, v in self.chosen.items() if base.get(k) != v},
+                     eager_choice=eager, in_run=in_run,
+                     eager_step_s=eager_row.step_s_median if eager_row is not None else None)
         self.report(render_trials(block))
         return block
+
+    def _in_run_setting(self, result: SearchResult, caps: Capabilities, eager: dict[str, Any]) -> dict[str, Any]:
+        """What the run starts with on top of the eager choice, to be judged on its own steps: compile, with
+        CUDA graphs where the model allows them (compiled kernels are launched one by one too)."""
+        row = next((t for t in result.trials if t.status == IN_RUN and t.stage == "compile"), None)
+        if row is None:
+            return {}
+        if not self.judge_in_run:
+            row.status, row.reason = SKIPPED, ("bench=autotune trains no run: under accel=auto the run starts "
+                                                 "compiled and keeps compile only if its own steps are faster")
+            return {}
+        setting: dict[str, Any] = {"compile": True}
+        if not caps.cuda_graphs and eager.get("cuda_graphs") != "on":
+            setting["cuda_graphs"] = "on"
+        row.setting = {**eager, **setting}
+        row.change = ", ".join(f"{k}={v}" for k, v in setting.items())
+        return setting
 
     def summary(self, result: SearchResult, base: dict[str, Any], caps: Capabilities, prepare_s: float) -> dict[str, Any]:
         accel = self.cfg.accel
@@ -234,3 +279,17 @@ def render_trials(block: dict[str, Any]) -> str:
     rule = "-" * max(len(head), *(len(line) for line in lines))
     not_allowed = [f"  not tried here: {n['stage']} ({n['reason']})" for n in block["not_allowed"]]
     return "\n".join([rule, head, rule, *lines, *not_allowed, rule])
+
+
+def in_run_judge(run: Any, timer: StepTimer) -> pl.Callback | None:
+    """The run's :class:`~drivebench.accel.compile_judge.CompileJudge` when ``accel=auto`` left compile
+    to the run's own steps (``autotune.in_run``), else None."""
+    block = run.autotune
+    if not block or not (block.get("in_run") or {}).get("compile") or block.get("eager_step_s") is None:
+        return None
+    from drivebench.accel.compile_judge import CompileJudge
+
+    units = compile_units(run.module.net)
+    graphs_back = (block.get("eager_choice") or {}).get("cuda_graphs") == "on"
+    return CompileJudge(timer, units, block["eager_step_s"], float(block["margin"]), int(block["steps"]),
+                        graphs_after_revert=graphs_back, record=block)

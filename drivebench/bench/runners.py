@@ -230,6 +230,11 @@ class TrainBench:
         summary["run"]["status"] = status
         if run.autotune is not None:  # completed or interrupted: the trial ran either way
             summary["autotune"] = {**run.autotune, "cost_fraction_of_run": run.autotune["cost_s"] / summary["run"]["wall_s"]}
+            verdict = run.autotune.get("compile_in_run") or {}
+            accel = (summary.get("settings") or {}).get("accel")
+            if verdict.get("kept") is False and accel is not None:  # trained eagerly after that step
+                accel.update({k: v for k, v in run.autotune["eager_choice"].items() if k in ("compile", "cuda_graphs")})
+                summary["settings"]["compile_undone_at_step"] = verdict["judged_at_step"]
 
     def _interrupted(self, run: Run, logger: Any, summary: dict[str, Any], signum: int) -> Interrupted:
         """The end of a run stopped by ``signum``: the summary (``status: interrupted``, the step reached, the
@@ -280,9 +285,12 @@ class TrainBench:
         timer = step_timer(run, "train", self.warmup_steps, monitor,
                            profiled_steps=profiler.occupied_steps if profiler else 0)
         freeze = FreezeHeap() if run.accel.gc_freeze else None
+        from drivebench.bench.autotune import in_run_judge  # the benches are imported by it
+
+        judge = in_run_judge(run, timer)  # accel=auto: compile kept or undone on this run's own steps
         # the profiler before the timer: its trace export then falls into a profiled (excluded) step
         callbacks: list[pl.Callback] = (([freeze] if freeze else []) + ([profiler] if profiler else []) + [timer]
-                                        + configured_callbacks(run))
+                                        + ([judge] if judge else []) + configured_callbacks(run))
         checkpoint_io = self._checkpoint_io  # the Trainer's CheckpointIO plugin, bound to this run's identity
         ckpt = build(cfg.ckpt.callback, _convert_="all") if cfg.ckpt.get("callback") else None
         callbacks.append(RngState())  # RNG states in every checkpoint, restored on resume, also for ckpt=none
