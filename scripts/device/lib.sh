@@ -63,6 +63,7 @@ import json, sys
 from drivebench.bench.autotune import render_trials
 a = json.load(open(sys.argv[1]))["autotune"]
 print(render_trials(a)); print("  cost_s", a.get("cost_s"), "fraction", a.get("cost_fraction_of_run"))
+print("  compile in run:", a.get("compile_in_run"), "| trained with:", a.get("chosen"))
 PY
 }
 # report: this call's runs, reported with their recorded targets (the convergence table into the log)
