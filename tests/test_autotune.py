@@ -154,6 +154,9 @@ def test_with_a_slow_loader_the_trial_picks_loader_workers(drivebench_cache, tmp
     assert all(r["steps_measured"] == 4 or (r["steps_measured"] == 3 and "stopped after 3" in r["reason"])
                for r in rows if r["status"] == OK), render_trials(block)
     assert printed and "num_workers=" in printed[0] and "<- chosen" in printed[0]
+    # every candidate built after the base decoded no image: the base's shared-memory image cache served it
+    built = [r for r in rows[1:] if r["status"] in (OK, FAILED, CUT)]
+    assert built and block["image_cache_reused"] == len(built), render_trials(block)
     assert not (tmp_path / "run" / "autotune").exists()   # trials leave nothing in the run directory
 
 
@@ -353,3 +356,23 @@ def test_the_run_keeps_compile_only_when_its_own_steps_beat_the_eager_choice(tmp
     assert row["chosen"] is kept and row["steps_measured"] == 3 and row["step_s_median"] == verdict["compiled_step_s"]
     assert block["chosen"]["compile"] is kept and ("compile" in block["changed"]) is kept
     assert trainer.global_step == 8  # the run goes on either way
+
+
+def test_a_candidate_shares_an_image_cache_only_when_it_holds_the_same_files(drivebench_cache, tmp_path):
+    from drivebench.accel.shm_cache import SharedArrayCache
+
+    first = build_run(_cfg(drivebench_cache, tmp_path, "accel.num_workers=0"), tmp_path / "a", progress=False)
+    first.datamodule.prepare_data()
+    first.datamodule.setup("fit")
+    cache = first.datamodule.transform.image_cache
+    assert isinstance(cache, SharedArrayCache) and len(cache.keys) > 0
+    second = build_run(_cfg(drivebench_cache, tmp_path, "accel.num_workers=0"), tmp_path / "b", progress=False)
+    second.datamodule.transform.share_image_cache(cache)
+    second.datamodule.setup("fit")
+    assert second.datamodule.transform.image_cache is cache
+    other = SharedArrayCache(list(cache.keys[:1]), lambda key: cache.get(key), max_bytes=2**30, progress=False)
+    third = build_run(_cfg(drivebench_cache, tmp_path, "accel.num_workers=0"), tmp_path / "c", progress=False)
+    third.datamodule.transform.share_image_cache(other)   # one file of the split: not this split's cache
+    third.datamodule.setup("fit")
+    own = third.datamodule.transform.image_cache
+    assert own is not other and own is not cache and own.keys == cache.keys

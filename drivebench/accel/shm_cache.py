@@ -146,6 +146,7 @@ class SharedArrayCache:
     def __init__(self, keys: Sequence[str], load: Callable[[str], np.ndarray | None], max_bytes: float, workers: int = 0,
                  progress: bool = True, desc: str = "shm image cache") -> None:
         t0 = time.perf_counter()
+        self.keys = tuple(keys)  # what was asked for (a build of the same files can share this cache)
         arrays: list[np.ndarray] = []
         kept: list[str] = []
         total = 0

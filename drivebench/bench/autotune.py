@@ -98,6 +98,8 @@ class AccelTrial:
         self._prebuilt: tuple[dict[str, Any], Any] | None = None
         self.chosen: dict[str, Any] = {}
         self.judge_in_run = judge_in_run  # False under bench=autotune: no run follows to judge compile on
+        self._image_cache: Any = None  # the base candidate's decoded camera images, shared with the others
+        self.image_cache_reused = 0
 
     # ---- one candidate -----------------------------------------------------------------------
     def _fit(self, run: Any, seconds_left: float, stop_above_s: float | None = None) -> Measurement:
@@ -138,8 +140,13 @@ class AccelTrial:
                 run, self._prebuilt = self._prebuilt[1], None
             else:
                 run = self.build_run(with_accel(self.cfg, setting), self._trial_dir(), progress=False)
+                share = getattr(run.datamodule.transform, "share_image_cache", None)
+                if self._image_cache is not None and share is not None:
+                    share(self._image_cache)
                 run.datamodule.prepare_data()
                 run.datamodule.setup("fit")
+                if self._image_cache is not None and getattr(run.datamodule.transform, "image_cache", None) is self._image_cache:
+                    self.image_cache_reused += 1
             result = self._fit(run, seconds_left - (time.monotonic() - t0), stop_above_s)
         except Exception as err:  # a candidate that cannot run here: recorded, never chosen
             result = Measurement(error=_error_text(err), steps_wanted=self.steps)
@@ -198,10 +205,11 @@ class AccelTrial:
         caps = self.capabilities(base_run)
         base = {knob: getattr(base_run.accel, knob) for knob in TUNED}
         self._prebuilt = (dict(base), base_run)
+        self._image_cache = getattr(base_run.datamodule.transform, "image_cache", None)
         del base_run
         stages, not_allowed = plan_stages(caps, bool(accel.auto_numerics))
         result = search(base, stages, self.measure, float(accel.auto_budget_s), float(accel.auto_margin), not_allowed)
-        self._prebuilt = None
+        self._prebuilt, self._image_cache = None, None
         gc.collect()
         shutil.rmtree(self.output_dir / "autotune", ignore_errors=True)
         if result.trials and result.trials[0].status == "failed":
@@ -245,6 +253,7 @@ class AccelTrial:
             "budget_s": float(accel.auto_budget_s),
             "cost_s": result.cost_s,
             "prepare_s": prepare_s,
+            "image_cache_reused": self.image_cache_reused,
             "stopped_by_budget": result.stopped_by_budget,
             "margin": float(accel.auto_margin),
             "steps": self.steps,

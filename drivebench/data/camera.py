@@ -103,6 +103,7 @@ class CameraPipeline:
         self.device_options = _plain(device_options)
         self.stats: dict[str, Any] = {}
         self.image_cache: SharedArrayCache | None = None
+        self._shared_image_cache: SharedArrayCache | None = None  # see share_image_cache
 
     # ---- per split ---------------------------------------------------------------------------
     def build(self, records: list[dict], root: Path, accel: AccelSettings, cache_dir: Path, train: bool,
@@ -130,8 +131,18 @@ class CameraPipeline:
                 kwargs["image_cache"] = self._image_cache(records, root, accel, progress)
         return pipeline_fn(root, **kwargs)
 
+    def share_image_cache(self, cache: SharedArrayCache | None) -> None:
+        """Use ``cache`` (another build's decoded images) instead of decoding again when it holds exactly
+        this split's files: accel=auto's candidates are separate builds of the same data, and decoding the
+        bench set's images took each MapTR candidate ~20-30 s of trial on the H200."""
+        self._shared_image_cache = cache
+
     def _image_cache(self, records: list[dict], root: Path, accel: AccelSettings, progress: bool) -> Any:
         paths = sorted({str(root / r["images"][cam]["img_path"]) for r in records for cam in CAMERAS})
+        shared = self._shared_image_cache
+        if shared is not None and shared.keys == tuple(paths):
+            self.image_cache = shared
+            return shared
         try:
             cache = SharedArrayCache(paths, _decode_rgb, accel.shm_cache_max_gb * 2**30,
                                      workers=accel.preprocess_workers, progress=progress, desc="shm image cache")
