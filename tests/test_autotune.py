@@ -76,6 +76,18 @@ def test_worker_stage_tries_the_most_then_goes_down_to_the_fewest_as_fast():
     assert [n for n, _ in calls] == [0, 16] and result.chosen == {"num_workers": 0}
 
 
+def test_an_incumbent_count_between_the_listed_ones_is_simpler_than_the_larger_count():
+    # num_workers: auto resolves to 15 on a 16-core H200, not one of the listed counts; 16 measuring the
+    # same (inside the margin) must not replace it (seen on the H200, 2026-12-02: 16 chosen at 319.8 ms
+    # over 15's 315.3 ms)
+    stages, _ = plan_stages(GPU_CAPS, auto_numerics=False)
+    measure, calls = _fixed({15: 0.3153, 16: 0.3198})
+    result = search({"num_workers": 15}, stages[:1], measure, budget_s=100, margin=0.05)
+    assert [n for n, _ in calls] == [15, 16] and result.chosen == {"num_workers": 15}
+    measure, calls = _fixed({15: 0.40, 16: 0.30, 8: 0.45})
+    assert search({"num_workers": 15}, stages[:1], measure, budget_s=100, margin=0.05).chosen == {"num_workers": 16}
+
+
 def test_a_failed_candidate_is_recorded_and_the_search_goes_on():
     measure, _ = _fixed({0: 1.0, 1: 0.9, 2: 0.5}, fail={1})
     result = search({"num_workers": 0}, [Stage("num_workers", (0, 1, 2), bound_by="data_wait", ordered=True)],

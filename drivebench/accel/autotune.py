@@ -175,6 +175,16 @@ def _trial_order(stage: Stage, current: Any) -> list[Any]:
     return [v for v in reversed(stage.values) if v != current]
 
 
+def _simplest_first(stage: Stage, current: Any) -> list[Any]:
+    """The stage's values and the incumbent's, simplest first: as listed, and a count in size order
+    (an incumbent's count between the listed ones, 15 workers from ``num_workers: auto``, in its place)."""
+    if current in stage.values:
+        return list(stage.values)
+    if stage.ordered:
+        return sorted((*stage.values, current), key=lambda v: (v is not None, v or 0))
+    return [*stage.values, current]
+
+
 def _also(reason: str | None, more: str) -> str:
     return f"{reason}; {more}" if reason else more
 
@@ -297,8 +307,7 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage],
                 break
             if stage.ordered and trial.status == OK and _stop_descending(stage, trial, in_stage, current, margin):
                 break
-        ordered = [in_stage[v] for v in stage.values if v in in_stage] + (
-            [incumbent] if current not in stage.values else [])
+        ordered = [in_stage[v] for v in _simplest_first(stage, current) if v in in_stage]
         winner = choose(ordered, margin)
         if winner is not None and winner is not incumbent:
             incumbent.chosen = False
