@@ -195,13 +195,16 @@ def test_busy_processes_beside_the_run_are_oversubscription(tmp_path):
     busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(3 * CORES)]
     try:
         time.sleep(0.5)
-        summary = toy_run(tmp_path, Linear(), steps=20)
+        # each step sleeps 20 ms in the loader, so the measured window (20 steps) spans several of the
+        # monitor's 0.1 s samples; without it the window could end before the first sample (CI: nan)
+        summary = toy_run(tmp_path, Linear(), dataset=Samples(delay=0.005), steps=20)
     finally:
         for p in busy:
             p.kill()
         for p in busy:
             p.wait()
     system = summary["train"]["system"]
+    assert system["run_queue"]["n"] >= 2, system["run_queue"]
     assert system["run_queue"]["median"] > B.RUN_QUEUE_PER_CORE * CORES
     verdict = summary["bottleneck"]
     assert verdict["verdict"] == B.OVERSUBSCRIPTION, verdict
