@@ -77,15 +77,67 @@ def test_worker_stage_tries_the_most_then_goes_down_to_the_fewest_as_fast():
 
 
 def test_an_incumbent_count_between_the_listed_ones_is_simpler_than_the_larger_count():
-    # num_workers: auto resolves to 15 on a 16-core H200, not one of the listed counts; 16 measuring the
-    # same (inside the margin) must not replace it (seen on the H200, 2026-12-02: 16 chosen at 319.8 ms
-    # over 15's 315.3 ms)
+    # an incumbent count that is not one of the listed counts (num_workers: auto resolves to the cores
+    # left beside training) ranks in size order: 16 measuring the same (inside the margin) must not
+    # replace 12 (seen on the H200, 2026-12-02: 16 chosen at 319.8 ms over 15's 315.3 ms)
     stages, _ = plan_stages(GPU_CAPS, auto_numerics=False)
-    measure, calls = _fixed({15: 0.3153, 16: 0.3198})
+    measure, calls = _fixed({12: 0.3153, 16: 0.3198})
+    result = search({"num_workers": 12}, stages[:1], measure, budget_s=100, margin=0.05)
+    assert [n for n, _ in calls] == [12, 16] and result.chosen == {"num_workers": 12}
+    measure, calls = _fixed({12: 0.40, 16: 0.30, 8: 0.45})
+    assert search({"num_workers": 12}, stages[:1], measure, budget_s=100, margin=0.05).chosen == {"num_workers": 16}
+
+
+def test_a_largest_count_within_twice_the_margin_of_the_incumbent_is_not_tried():
+    # num_workers: auto is 15 on a 16-core H200: one more worker cannot save 5% of a step, and its trial
+    # cost 7-38 s there (2026-12-02)
+    stages, _ = plan_stages(GPU_CAPS, auto_numerics=False)
+    measure, calls = _fixed({15: 0.30, 16: 0.10, 8: 0.05})
     result = search({"num_workers": 15}, stages[:1], measure, budget_s=100, margin=0.05)
-    assert [n for n, _ in calls] == [15, 16] and result.chosen == {"num_workers": 15}
-    measure, calls = _fixed({15: 0.40, 16: 0.30, 8: 0.45})
-    assert search({"num_workers": 15}, stages[:1], measure, budget_s=100, margin=0.05).chosen == {"num_workers": 16}
+    assert [n for n, _ in calls] == [15] and result.chosen == {"num_workers": 15}
+    skipped = result.trials[-1]
+    assert skipped.status == SKIPPED and skipped.change == "num_workers=16" and "within 10%" in skipped.reason
+    assert not skipped.chosen
+    # farther apart (8 against 16), or from no workers, the count is tried as before
+    measure, calls = _fixed({8: 0.30, 16: 0.20, 4: 0.5})
+    assert search({"num_workers": 8}, stages[:1], measure, budget_s=100, margin=0.05).chosen == {"num_workers": 16}
+    measure, calls = _fixed({15: 0.30, 16: 0.10, 8: 0.40})
+    assert search({"num_workers": 15}, stages[:1], measure, budget_s=100, margin=0.25).trials[-1].status == SKIPPED
+    assert search({"num_workers": 15}, stages[:1], measure, budget_s=100, margin=0.02).chosen == {"num_workers": 16}
+
+
+def test_loader_pipeline_knobs_keep_the_deeper_pipeline_unless_a_shallower_one_is_faster():
+    """Pinned memory and the device transform: the trial's eager steps are slower than the run's compiled
+    ones (QCNet on the H200: 140 ms against 67 ms), so a shallower pipeline that only ties in the trial
+    would fall behind in the run; it replaces the deeper one only when faster by the margin."""
+    caps = Capabilities(**{**GPU_CAPS.__dict__, "device_transform": True})
+    stages = {s.knob: s for s in plan_stages(caps, auto_numerics=False)[0]}
+    assert stages["pin_memory"].values[0] is True and stages["device_transform"].values[0] == "decode"
+
+    def measure_by(knob, times, wait=0.2, h2d=0.2):
+        calls = []
+
+        def measure(setting, seconds_left, stop_above_s=None):
+            calls.append(setting[knob])
+            t = times[setting[knob]]
+            return Measurement(steps_measured=4, steps_wanted=4, step_s={"median": t, "p10": t, "p90": t},
+                               data_wait_fraction=wait, h2d_fraction=h2d, cost_s=1.0)
+        return measure, calls
+
+    measure, calls = measure_by("pin_memory", {True: 0.100, False: 0.098})
+    assert search({"pin_memory": True}, [stages["pin_memory"]], measure, 100, 0.05).chosen == {"pin_memory": True}
+    assert calls == [True, False]
+    measure, _ = measure_by("pin_memory", {True: 0.100, False: 0.090})
+    assert search({"pin_memory": True}, [stages["pin_memory"]], measure, 100, 0.05).chosen == {"pin_memory": False}
+    # from an unpinned start (accel=auto accel.pin_memory=false), pinning that ties is still preferred
+    measure, _ = measure_by("pin_memory", {True: 0.100, False: 0.099})
+    assert search({"pin_memory": False}, [stages["pin_memory"]], measure, 100, 0.05).chosen == {"pin_memory": True}
+    measure, calls = measure_by("device_transform", {"decode": 0.30, "images": 0.29, "off": 0.29})
+    result = search({"device_transform": "decode"}, [stages["device_transform"]], measure, 100, 0.05)
+    assert result.chosen == {"device_transform": "decode"} and calls == ["decode", "images", "off"]
+    measure, _ = measure_by("device_transform", {"decode": 0.30, "images": 0.31, "off": 0.20})
+    assert search({"device_transform": "decode"}, [stages["device_transform"]], measure, 100,
+                  0.05).chosen == {"device_transform": "off"}
 
 
 def test_a_failed_candidate_is_recorded_and_the_search_goes_on():

@@ -5,10 +5,17 @@ loader workers, prefetch, the device transform, CUDA graphs, activation checkpoi
 precision and TF32 (only with ``accel.auto_numerics``), channels-last, cuDNN autotuning, pinned
 memory, the fused optimizer; then compile, in the run (below). Each
 stage times the values of its knob on top of the best setting so far (the *incumbent*) and keeps the
-first value, in the stage's order (simplest first), whose median step time is within ``margin`` of
-the fastest: a gain inside the noise does not buy complexity. A count (workers, prefetch) is tried
-from its largest value down: when the largest is no faster than the incumbent, nothing in between is
-tried; going down stops at the first value slower than the stage's best. A stage the machine or model does not
+first value, in the stage's order of preference, whose median step time is within ``margin`` of
+the fastest. Compute knobs list the simplest value first: a gain inside the noise does not buy
+complexity. The pipeline knobs of the loader (pinned memory, the device transform) list the deeper
+pipeline first, and ``accel=auto`` starts from ``max``'s loader pipeline: the trial's eager steps are
+slower than the run's compiled ones, so a loader that merely keeps up in the trial falls behind in the
+run (H200, 2026-12-02: auto chose PyTorch's prefetch and unpinned batches at QCNet's 140 ms eager step,
+then waited for data 14% of its 67 ms compiled step, against 1% for ``max``). A count (workers,
+prefetch) is tried from its largest value down: when the largest is no faster than the incumbent,
+nothing in between is tried; going down stops at the first value slower than the stage's best; a
+largest value within ``2 x margin`` of the incumbent's count is not tried at all (15 against 16
+workers cannot save the margin). A stage the machine or model does not
 allow is listed with the reason; a stage the incumbent's own figures rule out (the loader already
 keeps up, the copy to the device takes under ``margin`` of a step) is skipped with the numbers. A
 candidate whose first measured steps are already far slower than the incumbent
@@ -61,7 +68,7 @@ class Capabilities:
 
 @dataclass(frozen=True)
 class Stage:
-    """One knob and its values, simplest first (the first is the preset's when it is among them)."""
+    """One knob and its values in order of preference: the first value within the margin of the fastest wins."""
 
     knob: str
     values: tuple[Any, ...]
@@ -142,7 +149,8 @@ def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], l
     no_gpu = "" if caps.on_gpu else "no CUDA device on this machine"
     stage("num_workers", worker_counts(caps.worker_cap), bound_by=LOADER_BOUND, ordered=True)
     stage("prefetch_factor", (None, 4, 8), bound_by=LOADER_BOUND, ordered=True)
-    stage("device_transform", ("off", "images", "decode"),
+    # the loader's pipeline knobs: the deeper pipeline first (the run's compiled steps outpace the trial's)
+    stage("device_transform", ("decode", "images", "off"),
           no_gpu or ("" if caps.device_transform else "the model has no device-side transform"),
           bound_by=LOADER_BOUND)
     stage("cuda_graphs", ("off", "on"), no_gpu or caps.cuda_graphs)
@@ -155,7 +163,7 @@ def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], l
     convs = "" if caps.convolutions else "the model has no convolutions"
     stage("channels_last", (False, True), no_gpu or convs)
     stage("cudnn_benchmark", (False, True), no_gpu or convs)
-    stage("pin_memory", (False, True), no_gpu, bound_by=H2D_BOUND)
+    stage("pin_memory", (True, False), no_gpu, bound_by=H2D_BOUND)
     stage("fused_optimizer", (False, True), no_gpu or caps.fused_optimizer)
     compile_why = ("inductor's CPU compile takes minutes (accel.compile auto = GPUs only)" if not caps.on_gpu
                    else "" if caps.compile_units else "the model declares no compile units")
@@ -175,14 +183,22 @@ def _trial_order(stage: Stage, current: Any) -> list[Any]:
     return [v for v in reversed(stage.values) if v != current]
 
 
-def _simplest_first(stage: Stage, current: Any) -> list[Any]:
-    """The stage's values and the incumbent's, simplest first: as listed, and a count in size order
+def _preference_order(stage: Stage, current: Any) -> list[Any]:
+    """The stage's values and the incumbent's in order of preference: as listed, and a count in size order
     (an incumbent's count between the listed ones, 15 workers from ``num_workers: auto``, in its place)."""
     if current in stage.values:
         return list(stage.values)
     if stage.ordered:
         return sorted((*stage.values, current), key=lambda v: (v is not None, v or 0))
     return [*stage.values, current]
+
+
+def _close_count(stage: Stage, current: Any, margin: float) -> bool:
+    """Whether a count stage's largest value is so close above the incumbent's count (16 workers against
+    ``num_workers: auto``'s 15) that it cannot save the margin: the stage would only pay for a trial."""
+    top = stage.values[-1]
+    return (stage.ordered and isinstance(current, int) and not isinstance(current, bool) and current > 0
+            and isinstance(top, int) and current < top <= current * (1.0 + 2.0 * margin))
 
 
 def _also(reason: str | None, more: str) -> str:
@@ -297,6 +313,12 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage],
             trials.append(Trial(stage=stage.knob, change=f"{stage.knob}: not tried", setting=dict(incumbent.setting),
                                 status=SKIPPED, reason="no loader workers: nothing prefetches"))
             continue
+        if _close_count(stage, current, margin):
+            top = stage.values[-1]
+            trials.append(Trial(stage=stage.knob, change=_label(stage.knob, top), setting={**incumbent.setting, stage.knob: top},
+                                status=SKIPPED, reason=f"within {2 * margin:.0%} of the incumbent's {current}: it cannot "
+                                f"save the margin {margin:.0%}; smaller counts are tried only below a faster larger one"))
+            continue
         in_stage: dict[Any, Trial] = {current: incumbent}
         for value in _trial_order(stage, current):
             if value in in_stage:
@@ -307,7 +329,7 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage],
                 break
             if stage.ordered and trial.status == OK and _stop_descending(stage, trial, in_stage, current, margin):
                 break
-        ordered = [in_stage[v] for v in _simplest_first(stage, current) if v in in_stage]
+        ordered = [in_stage[v] for v in _preference_order(stage, current) if v in in_stage]
         winner = choose(ordered, margin)
         if winner is not None and winner is not incumbent:
             incumbent.chosen = False
