@@ -302,6 +302,9 @@ def test_one_slow_rank_loader_decides():
 def test_no_measured_step_is_undetermined():
     verdict = B.diagnose({"run": {"bench": "loader"}, "loader": {"samples_per_s": 100}})
     assert verdict["verdict"] == B.UNDETERMINED and "bench=loader" in verdict["evidence"]
+    # the trial alone: no step to raise, the run that uses its choice is the next thing
+    verdict = B.diagnose({"run": {"bench": "autotune"}, "autotune": {"cost_s": 6.7}})
+    assert verdict["evidence"] == "bench=autotune times no training step" and "accel=auto" in verdict["next"]
 
 
 def test_efficiency_above_100_percent_always_carries_a_reason():

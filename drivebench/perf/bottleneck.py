@@ -326,9 +326,12 @@ def diagnose(summary: dict[str, Any]) -> dict[str, Any]:
     bench = _get(summary, "run", "bench")
     x = _Inputs(summary)
     if not x.steps or not x.wall:
-        why = (f"bench={bench} times no training step" if bench in ("loader", "storage")
+        no_training = bench in ("loader", "storage", "autotune")
+        why = (f"bench={bench} times no training step" if no_training
                else "no measured step (raise bench.steps or trainer.max_steps)")
-        return {"verdict": UNDETERMINED, "evidence": why, "next": "bench=train with measured steps",
+        nxt = ("bench=train (accel=auto trains with the trial's choice)" if bench == "autotune"
+               else "bench=train with measured steps")
+        return {"verdict": UNDETERMINED, "evidence": why, "next": nxt,
                 "phase": None, "also": []}
     found = findings(summary)
     verdict, evidence, nxt = found[0]
