@@ -144,15 +144,19 @@ def evidence_of(summary: dict) -> str:
 
 def assert_decides(summary: dict, verdict: str) -> tuple[str, str]:
     """``verdict`` is the run's verdict, or, when other processes oversubscribe this shared machine
-    during the test, the oversubscription verdict comes first and ``verdict`` is the next rule that
-    holds. Returns that rule's (evidence, next)."""
+    during the test (the suite's other worker and its loader processes), the oversubscription verdict
+    comes first and ``verdict`` is one of the later rules that hold: a training process preempted at
+    random points inflates whichever host-side share it was in (a main-process fetch becomes data
+    wait), so their order says nothing then (CI, 2026-12-03: data loading before launch overhead).
+    Returns that rule's (evidence, next)."""
     decided = summary["bottleneck"]
     found = [f for f in B.findings(summary) if f[0] != B.OVERSUBSCRIPTION or verdict == B.OVERSUBSCRIPTION]
     if decided["verdict"] == B.OVERSUBSCRIPTION and verdict != B.OVERSUBSCRIPTION:
-        assert found[0][0] == verdict, (decided, found)
+        holds = [f for f in found if f[0] == verdict]
+        assert holds, (decided, found)
         assert any(a.startswith(verdict) for a in decided["also"]) or verdict == B.DEVICE_COMPUTE
-    else:
-        assert decided["verdict"] == verdict, decided
+        return holds[0][1], holds[0][2]
+    assert decided["verdict"] == verdict, decided
     return found[0][1], found[0][2]
 
 
