@@ -30,17 +30,18 @@ GPU_CAPS = Capabilities(on_gpu=True, cpu_cores=32, cores_per_device=16, bf16=Tru
 
 
 # ---- the decision rules -------------------------------------------------------------------------------
-def _fixed(times: dict[int, float], wait: dict[int, float] | None = None, fail: set[int] = frozenset(), cost: float = 1.0):
-    """measure(): step time by num_workers (what a table of past measurements would say)."""
+def _fixed(times: dict, wait: dict | None = None, fail: set = frozenset(), cost: float = 1.0,
+           knob: str = "num_workers", h2d: float = 0.0):
+    """measure(): step time by the value of ``knob`` (what a table of past measurements would say)."""
     calls = []
 
     def measure(setting, seconds_left, stop_above_s=None):
-        n = setting["num_workers"]
+        n = setting[knob]
         calls.append((n, seconds_left))
         if n in fail:
             return Measurement(error="RuntimeError: boom", steps_wanted=4, cost_s=cost)
         return Measurement(steps_measured=4, steps_wanted=4, step_s={"median": times[n], "p10": times[n], "p90": times[n]},
-                           data_wait_fraction=(wait or {}).get(n, 0.5), h2d_fraction=0.0, cost_s=cost)
+                           data_wait_fraction=(wait or {}).get(n, 0.5), h2d_fraction=h2d, cost_s=cost)
     return measure, calls
 
 
@@ -114,19 +115,12 @@ def test_loader_pipeline_knobs_keep_the_deeper_pipeline_unless_a_shallower_one_i
     stages = {s.knob: s for s in plan_stages(caps, auto_numerics=False)[0]}
     assert stages["pin_memory"].values[0] is True and stages["device_transform"].values[0] == "decode"
 
-    def measure_by(knob, times, wait=0.2, h2d=0.2):
-        calls = []
-
-        def measure(setting, seconds_left, stop_above_s=None):
-            calls.append(setting[knob])
-            t = times[setting[knob]]
-            return Measurement(steps_measured=4, steps_wanted=4, step_s={"median": t, "p10": t, "p90": t},
-                               data_wait_fraction=wait, h2d_fraction=h2d, cost_s=1.0)
-        return measure, calls
+    def measure_by(knob, times):  # the copy to the device is a fifth of the step: the pin stage runs
+        return _fixed(times, knob=knob, h2d=0.2)
 
     measure, calls = measure_by("pin_memory", {True: 0.100, False: 0.098})
     assert search({"pin_memory": True}, [stages["pin_memory"]], measure, 100, 0.05).chosen == {"pin_memory": True}
-    assert calls == [True, False]
+    assert [v for v, _ in calls] == [True, False]
     measure, _ = measure_by("pin_memory", {True: 0.100, False: 0.090})
     assert search({"pin_memory": True}, [stages["pin_memory"]], measure, 100, 0.05).chosen == {"pin_memory": False}
     # from an unpinned start (accel=auto accel.pin_memory=false), pinning that ties is still preferred
@@ -134,7 +128,7 @@ def test_loader_pipeline_knobs_keep_the_deeper_pipeline_unless_a_shallower_one_i
     assert search({"pin_memory": False}, [stages["pin_memory"]], measure, 100, 0.05).chosen == {"pin_memory": True}
     measure, calls = measure_by("device_transform", {"decode": 0.30, "images": 0.29, "off": 0.29})
     result = search({"device_transform": "decode"}, [stages["device_transform"]], measure, 100, 0.05)
-    assert result.chosen == {"device_transform": "decode"} and calls == ["decode", "images", "off"]
+    assert result.chosen == {"device_transform": "decode"} and [v for v, _ in calls] == ["decode", "images", "off"]
     measure, _ = measure_by("device_transform", {"decode": 0.30, "images": 0.31, "off": 0.20})
     assert search({"device_transform": "decode"}, [stages["device_transform"]], measure, 100,
                   0.05).chosen == {"device_transform": "off"}

@@ -196,9 +196,9 @@ def _preference_order(stage: Stage, current: Any) -> list[Any]:
 def _close_count(stage: Stage, current: Any, margin: float) -> bool:
     """Whether a count stage's largest value is so close above the incumbent's count (16 workers against
     ``num_workers: auto``'s 15) that it cannot save the margin: the stage would only pay for a trial."""
-    top = stage.values[-1]
-    return (stage.ordered and isinstance(current, int) and not isinstance(current, bool) and current > 0
-            and isinstance(top, int) and current < top <= current * (1.0 + 2.0 * margin))
+    top = stage.values[-1]  # counts are ints or None (PyTorch's default prefetch)
+    return (stage.ordered and isinstance(current, int) and isinstance(top, int)
+            and 0 < current < top <= current * (1.0 + 2.0 * margin))
 
 
 def _also(reason: str | None, more: str) -> str:

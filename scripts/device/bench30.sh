@@ -16,7 +16,6 @@ export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0 KILL_GRACE=${KILL_GRA
 PART=${1:-a}
 C="+experiment=convergence model=qcnet"
 QM="val/minFDE val/cv_minFDE"
-cold() { export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-$1; rm -rf "$TORCHINDUCTOR_CACHE_DIR"; }
 case "$PART" in
   a) PIN=0-3 run qcnet_conv_none_s2025 572 $C accel=none seed=2025 &
      sleep 20; PIN=4-9 run qcnet_conv_max_s2025 540 $C accel=max seed=2025 &

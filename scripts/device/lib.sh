@@ -71,3 +71,5 @@ report() {
   (( $(left) > 30 )) && timeout 60 python3 -m drivebench.report "$RUNS" --out "$OUT/report" > "$OUT/report.txt" 2>&1
   grep -A12 "^convergence:" "$OUT/report.txt" | tee -a "$OUT/log.txt"
 }
+# cold TAG: an empty Inductor cache of its own for what follows (the run pays a first compile, as a user's first run does)
+cold() { export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-$1; rm -rf "$TORCHINDUCTOR_CACHE_DIR"; }
