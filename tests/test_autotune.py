@@ -212,6 +212,15 @@ def test_with_a_slow_loader_the_trial_picks_loader_workers(drivebench_cache, tmp
     assert all(r["steps_measured"] == 4 or (r["steps_measured"] == 3 and "stopped after 3" in r["reason"])
                for r in rows if r["status"] == OK), render_trials(block)
     assert printed and "num_workers=" in printed[0] and "<- chosen" in printed[0]
+    # each candidate's cost is split into its parts, which add up to it; the slow loader shows in its steps
+    for row in (r for r in rows if r["status"] == OK):
+        split = row["cost_split"]
+        assert list(split) == ["build", "start", "warmup", "steps", "end", "teardown"], split
+        assert min(split.values()) >= 0 and sum(split.values()) == pytest.approx(row["cost_s"], abs=0.05)
+        assert split["steps"] == pytest.approx(row["step_s_median"] * row["steps_measured"], rel=0.5)
+    assert rows[0]["cost_split"]["build"] == 0.0  # the base candidate was built with the run's data preparation
+    assert block["cost_split"]["steps"] == pytest.approx(sum(r["cost_split"]["steps"] for r in rows if r["cost_split"]))
+    assert "the candidates' cost: build" in printed[0]
     # every candidate built after the base decoded no image: the base's shared-memory image cache served it
     built = [r for r in rows[1:] if r["status"] in (OK, FAILED, CUT)]
     assert built and block["image_cache_reused"] == len(built), render_trials(block)

@@ -89,6 +89,7 @@ class Measurement:
     samples_per_s: float = math.nan
     error: str | None = None
     cost_s: float = 0.0
+    cost_split: dict[str, float] = field(default_factory=dict)  # where cost_s went: build, start, steps, teardown
     stopped_slower: bool = False    # stopped after SLOWER_AFTER steps: already far slower than the incumbent
 
     @property
@@ -112,6 +113,7 @@ class Trial:
     h2d_fraction: float | None = None
     steps_measured: int = 0
     cost_s: float = 0.0
+    cost_split: dict[str, float] | None = None  # build / start / steps / teardown seconds of cost_s
     reason: str | None = None       # why it failed, was cut or skipped
     chosen: bool = False            # the setting the run then trains with (one row)
 
@@ -276,6 +278,7 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage],
         stop_above = reference * (1.0 + SLOWER_STOP * margin) if reference else None
         m = measure(dict(setting), remaining, stop_above)
         trial.cost_s = m.cost_s
+        trial.cost_split = dict(m.cost_split) or None
         trial.steps_measured = m.steps_measured
         trial.step_s_median, trial.step_s_p10 = _finite(m.median), _finite(m.step_s.get("p10", math.nan))
         trial.step_s_p90 = _finite(m.step_s.get("p90", math.nan))

@@ -73,6 +73,21 @@ class _StopWhenSlower(pl.Callback):
             trainer.should_stop = True
 
 
+def _fit_split(timer: StepTimer, fit_started: float, fit_ended: float) -> dict[str, float]:
+    """Where one candidate's fit went, in seconds: ``start`` (the Trainer built and set up until its first
+    step began), ``warmup`` and ``steps`` (its warm-up and measured steps; the first batch's wait for the
+    workers falls in the first warm-up step) and ``end`` (after the last step until ``fit`` returned and
+    the workers stopped). Steps are a small share of a candidate on a GPU: this says what the rest is."""
+    times = timer.times
+    if times.started is None:
+        return {}
+    warmup = sum(r.step_s for r in times.records if r.warmup)
+    steps = sum(r.step_s for r in times.records if not r.warmup)
+    last = times.ended if times.ended is not None else times.started + warmup + steps
+    return {"start": round(times.started - fit_started, 3), "warmup": round(warmup, 3), "steps": round(steps, 3),
+            "end": round(max(fit_ended - last, 0.0), 3)}
+
+
 class AccelTrial:
     """Time the candidates for ``cfg`` and choose; :meth:`run` returns the summary's ``autotune`` block.
 
@@ -108,6 +123,7 @@ class AccelTrial:
         slower = _StopWhenSlower(timer, stop_above_s)
         callbacks: list[pl.Callback] = ([FreezeHeap()] if run.accel.gc_freeze else []) + [timer, slower]
         trainer_cfg = self.cfg.trainer
+        fit_started = time.perf_counter()
         trainer = pl.Trainer(
             **run.trainer_kwargs(), logger=False, callbacks=callbacks, max_steps=wanted, max_epochs=-1,
             max_time=dt.timedelta(seconds=max(seconds_left, 0.001)), limit_val_batches=0,
@@ -122,6 +138,7 @@ class AccelTrial:
                 loader.close()
             run.datamodule.teardown("fit")
         stats = phase_stats(timer.times)
+        split = _fit_split(timer, fit_started, time.perf_counter())
         step = stats.get("step_s") or {}
         h2d = (stats.get("h2d_s") or {}).get("mean")
         return Measurement(
@@ -129,11 +146,12 @@ class AccelTrial:
             data_wait_fraction=float(stats.get("data_wait_fraction", math.nan)),
             h2d_fraction=(h2d / step["mean"]) if h2d is not None and step.get("mean") else math.nan,
             samples_per_s=float((stats.get("samples_per_s_per_step") or {}).get("median", math.nan)),
-            stopped_slower=slower.fired)
+            stopped_slower=slower.fired, cost_split=split)
 
     def measure(self, setting: dict[str, Any], seconds_left: float, stop_above_s: float | None = None) -> Measurement:
         """Build the candidate as a run, train it a few steps, tear it down; errors are recorded, not raised."""
         t0 = time.monotonic()
+        build_started, build_s = time.perf_counter(), 0.0
         run = None
         try:
             if self._prebuilt is not None and self._prebuilt[0] == setting:
@@ -147,6 +165,7 @@ class AccelTrial:
                 run.datamodule.setup("fit")
                 if self._image_cache is not None and getattr(run.datamodule.transform, "image_cache", None) is self._image_cache:
                     self.image_cache_reused += 1
+            build_s = time.perf_counter() - build_started
             result = self._fit(run, seconds_left - (time.monotonic() - t0), stop_above_s)
         except Exception as err:  # a candidate that cannot run here: recorded, never chosen
             result = Measurement(error=_error_text(err), steps_wanted=self.steps)
@@ -159,6 +178,10 @@ class AccelTrial:
             if compiled:  # a fresh module per candidate: dynamo's per-code caches would otherwise fill up
                 torch._dynamo.reset()
         result.cost_s = time.monotonic() - t0
+        if result.cost_split:  # build before the fit; the fit's own parts; what its end left to tear down
+            fit_s = sum(result.cost_split.values())
+            result.cost_split = {"build": round(build_s, 3), **result.cost_split,
+                                 "teardown": round(max(result.cost_s - build_s - fit_s, 0.0), 3)}
         return result
 
     def _trial_dir(self) -> Path:
@@ -252,6 +275,7 @@ class AccelTrial:
             "changed": result.changes(base),
             "budget_s": float(accel.auto_budget_s),
             "cost_s": result.cost_s,
+            "cost_split": _total_split(result.trials),
             "prepare_s": prepare_s,
             "image_cache_reused": self.image_cache_reused,
             "stopped_by_budget": result.stopped_by_budget,
@@ -263,6 +287,15 @@ class AccelTrial:
             "not_allowed": result.not_allowed,
             "trials": [t.to_dict() for t in result.trials],
         }
+
+
+def _total_split(trials: list[Any]) -> dict[str, float]:
+    """The candidates' cost splits summed key by key (what the trial's cost went to)."""
+    total: dict[str, float] = {}
+    for trial in trials:
+        for key, seconds in (trial.cost_split or {}).items():
+            total[key] = round(total.get(key, 0.0) + seconds, 3)
+    return total
 
 
 def _ms(value: float | None) -> str:
@@ -287,7 +320,10 @@ def render_trials(block: dict[str, Any]) -> str:
             + f"; margin {block['margin']:.0%}; training with: {changed}")
     rule = "-" * max(len(head), *(len(line) for line in lines))
     not_allowed = [f"  not tried here: {n['stage']} ({n['reason']})" for n in block["not_allowed"]]
-    return "\n".join([rule, head, rule, *lines, *not_allowed, rule])
+    split = block.get("cost_split") or {}
+    spent = ([f"  the candidates' cost: " + ", ".join(f"{k} {v:.1f} s" for k, v in split.items())
+              + " (steps: the measured ones)"] if split else [])
+    return "\n".join([rule, head, rule, *lines, *not_allowed, *spent, rule])
 
 
 def in_run_judge(run: Any, timer: StepTimer) -> pl.Callback | None:
