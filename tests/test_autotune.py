@@ -134,6 +134,33 @@ def test_loader_pipeline_knobs_keep_the_deeper_pipeline_unless_a_shallower_one_i
                   0.05).chosen == {"device_transform": "off"}
 
 
+def test_compute_knobs_keep_max_values_unless_measurably_slower():
+    """The trial's eager steps cannot show what TF32 or cuDNN autotuning do in the compiled run (MapTR on the
+    H200, 2026-12-03: timed 4.6% and 2.5% slower in the trial; max, with them, stepped 127 ms against auto's
+    145 ms without): a difference inside the margin keeps max's value; a measurable loss gives it up."""
+    caps = Capabilities(**{**GPU_CAPS.__dict__, "convolutions": True})
+    stages = {s.knob: s for s in plan_stages(caps, auto_numerics=True)[0]}
+    assert [stages[k].values[0] for k in ("cuda_graphs", "precision", "tf32", "channels_last", "cudnn_benchmark",
+                                          "fused_optimizer")] == ["on", "bf16-mixed", True, True, True, True]
+    for knob in ("tf32", "cudnn_benchmark"):
+        measure, calls = _fixed({False: 0.1766, True: 0.1847}, knob=knob)   # 4.6% slower: inside 5%
+        assert search({knob: False}, [stages[knob]], measure, 100, 0.05).chosen == {knob: True}
+        assert [v for v, _ in calls] == [False, True]
+        measure, _ = _fixed({False: 0.1766, True: 0.1950}, knob=knob)      # 10% slower: given up
+        assert search({knob: False}, [stages[knob]], measure, 100, 0.05).chosen == {knob: False}
+    measure, _ = _fixed({"off": 0.190, "on": 0.196}, knob="cuda_graphs")
+    assert search({"cuda_graphs": "off"}, [stages["cuda_graphs"]], measure, 100, 0.05).chosen == {"cuda_graphs": "on"}
+    # on a CPU-only machine max computes in fp32: bf16 that ties does not replace it
+    cpu = {s.knob: s for s in plan_stages(CPU_CAPS, auto_numerics=True)[0]}
+    measure, _ = _fixed({"32-true": 0.50, "bf16-mixed": 0.49}, knob="precision")
+    assert search({"precision": "32-true"}, [cpu["precision"]], measure, 100, 0.05).chosen == {"precision": "32-true"}
+    # activation checkpointing keeps upstream's recomputation unless dropping it is faster by the margin
+    ckpt = next(s for s in plan_stages(Capabilities(**{**GPU_CAPS.__dict__, "checkpointed": True}), False)[0]
+                if s.knob == "activation_checkpointing")
+    measure, _ = _fixed({"keep": 0.30, "off": 0.29}, knob="activation_checkpointing")
+    assert search({"activation_checkpointing": "keep"}, [ckpt], measure, 100, 0.05).chosen == {"activation_checkpointing": "keep"}
+
+
 def test_a_failed_candidate_is_recorded_and_the_search_goes_on():
     measure, _ = _fixed({0: 1.0, 1: 0.9, 2: 0.5}, fail={1})
     result = search({"num_workers": 0}, [Stage("num_workers", (0, 1, 2), bound_by="data_wait", ordered=True)],

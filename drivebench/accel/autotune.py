@@ -6,12 +6,17 @@ precision and TF32 (only with ``accel.auto_numerics``), channels-last, cuDNN aut
 memory, the fused optimizer; then compile, in the run (below). Each
 stage times the values of its knob on top of the best setting so far (the *incumbent*) and keeps the
 first value, in the stage's order of preference, whose median step time is within ``margin`` of
-the fastest. Compute knobs list the simplest value first: a gain inside the noise does not buy
-complexity. The pipeline knobs of the loader (pinned memory, the device transform) list the deeper
-pipeline first, and ``accel=auto`` starts from ``max``'s loader pipeline: the trial's eager steps are
-slower than the run's compiled ones, so a loader that merely keeps up in the trial falls behind in the
-run (H200, 2026-12-02: auto chose PyTorch's prefetch and unpinned batches at QCNet's 140 ms eager step,
-then waited for data 14% of its 67 ms compiled step, against 1% for ``max``). A count (workers,
+the fastest. The trial times eager steps and the run trains compiled ones, so a difference inside the
+noise is settled by what ``max`` (the hand-tuned preset) uses on this machine: the compute knobs (CUDA
+graphs, bf16 on GPUs, TF32, channels-last, cuDNN autotuning, the fused optimizer) list ``max``'s value
+first. (H200, 2026-12-03: MapTR's trial timed TF32 and cuDNN autotuning 4.6% and 2.5% slower at its
+167-185 ms eager steps; auto, then listing the simplest value first, trained without them at 145 ms per
+compiled step, ``max`` with them at 127 ms in the session before.) Activation checkpointing keeps
+upstream's recomputation first, as ``max`` does where the activations would not fit. The pipeline knobs
+of the loader (pinned memory, the device transform) list the deeper pipeline first, and ``accel=auto``
+starts from ``max``'s loader pipeline: a loader that merely keeps up at the trial's eager steps falls
+behind in the run (H200, 2026-12-02: auto chose PyTorch's prefetch and unpinned batches at QCNet's
+140 ms eager step, then waited for data 14% of its 67 ms compiled step, against 1% for ``max``). A count (workers,
 prefetch) is tried from its largest value down: when the largest is no faster than the incumbent,
 nothing in between is tried; going down stops at the first value slower than the stage's best; a
 largest value within ``2 x margin`` of the incumbent's count is not tried at all (15 against 16
@@ -155,18 +160,20 @@ def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], l
     stage("device_transform", ("decode", "images", "off"),
           no_gpu or ("" if caps.device_transform else "the model has no device-side transform"),
           bound_by=LOADER_BOUND)
-    stage("cuda_graphs", ("off", "on"), no_gpu or caps.cuda_graphs)
+    # compute knobs: max's value on this machine first (what the trial's eager steps cannot judge for the
+    # compiled run, a tie keeps); activation checkpointing: upstream's (keep) first, as max keeps it unless it fits
+    stage("cuda_graphs", ("on", "off"), no_gpu or caps.cuda_graphs)
     stage("activation_checkpointing", ("keep", "off"),
           "" if caps.checkpointed else "the model does not checkpoint activations")
     numerics = "" if auto_numerics else "accel.auto_numerics=false (the number format stays fp32)"
     bf16 = "" if (caps.bf16 or not caps.on_gpu) else "the GPU has no bf16"
-    stage("precision", ("32-true", "bf16-mixed"), numerics or bf16)
-    stage("tf32", (False, True), numerics or no_gpu)
+    stage("precision", ("bf16-mixed", "32-true") if caps.on_gpu else ("32-true", "bf16-mixed"), numerics or bf16)
+    stage("tf32", (True, False), numerics or no_gpu)
     convs = "" if caps.convolutions else "the model has no convolutions"
-    stage("channels_last", (False, True), no_gpu or convs)
-    stage("cudnn_benchmark", (False, True), no_gpu or convs)
+    stage("channels_last", (True, False), no_gpu or convs)
+    stage("cudnn_benchmark", (True, False), no_gpu or convs)
     stage("pin_memory", (True, False), no_gpu, bound_by=H2D_BOUND)
-    stage("fused_optimizer", (False, True), no_gpu or caps.fused_optimizer)
+    stage("fused_optimizer", (True, False), no_gpu or caps.fused_optimizer)
     compile_why = ("inductor's CPU compile takes minutes (accel.compile auto = GPUs only)" if not caps.on_gpu
                    else "" if caps.compile_units else "the model declares no compile units")
     stage("compile", (False, True), compile_why, in_run=True)
