@@ -15,7 +15,7 @@
 export LIMIT=${LIMIT:-588}; source scripts/device/lib.sh || exit 1
 export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0 KILL_GRACE=${KILL_GRACE:-20}
 PART=${1:-b}
-log "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), part $PART"
+log "commit $(revision), part $PART"
 case "$PART" in
   a) exec bash scripts/device/bench30.sh a ;;
   b|c) m=$([[ $PART == b ]] && echo qcnet || echo maptr)

@@ -11,6 +11,9 @@ log() { echo "$@" | tee -a "$OUT/log.txt"; }
 bundle() {
   (cd "$RUNS" && tar czf "$OUT/.runs.tgz" --exclude='*.ckpt' --exclude='*.partial' . 2>/dev/null) && mv "$OUT/.runs.tgz" "$OUT/runs.tgz"
 }
+# revision: the checkout's commit, "+changes" when the copied working tree differs from it (the device's
+# copy of .git can lag the working tree it was sent with)
+revision() { echo "$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD -- drivebench scripts 2>/dev/null || echo '+changes')"; }
 left() { echo $(( LIMIT - ($(date +%s) - START) )); }
 # [PIN=<cpu list>] run NAME CAP_SECONDS drivebench overrides...  (PIN: taskset the run onto those
 # cores; KILL_GRACE: seconds between the cap's SIGTERM, which stops at a step boundary and writes the summary, and SIGKILL)
