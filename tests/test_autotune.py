@@ -245,6 +245,9 @@ def test_with_a_slow_loader_the_trial_picks_loader_workers(drivebench_cache, tmp
         assert list(split) == ["build", "start", "warmup", "steps", "end", "teardown"], split
         assert min(split.values()) >= 0 and sum(split.values()) == pytest.approx(row["cost_s"], abs=0.05)
         assert split["steps"] == pytest.approx(row["step_s_median"] * row["steps_measured"], rel=0.5)
+        assert len(row["warmup_steps_s"]) == block["warmup_steps"]
+        assert sum(step for step, _ in row["warmup_steps_s"]) == pytest.approx(split["warmup"], abs=0.01)
+        assert all(0 <= wait <= step for step, wait in row["warmup_steps_s"])
     assert rows[0]["cost_split"]["build"] == 0.0  # the base candidate was built with the run's data preparation
     assert block["cost_split"]["steps"] == pytest.approx(sum(r["cost_split"]["steps"] for r in rows if r["cost_split"]))
     assert "the candidates' cost: build" in printed[0]

@@ -95,6 +95,7 @@ class Measurement:
     error: str | None = None
     cost_s: float = 0.0
     cost_split: dict[str, float] = field(default_factory=dict)  # where cost_s went: build, start, steps, teardown
+    warmup_steps_s: list[list[float]] = field(default_factory=list)  # [step, its data wait] of each warm-up step
     stopped_slower: bool = False    # stopped after SLOWER_AFTER steps: already far slower than the incumbent
 
     @property
@@ -119,6 +120,7 @@ class Trial:
     steps_measured: int = 0
     cost_s: float = 0.0
     cost_split: dict[str, float] | None = None  # build / start / steps / teardown seconds of cost_s
+    warmup_steps_s: list[list[float]] | None = None  # [step s, data wait s] per warm-up step: what a start costs
     reason: str | None = None       # why it failed, was cut or skipped
     chosen: bool = False            # the setting the run then trains with (one row)
 
@@ -286,6 +288,7 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage],
         m = measure(dict(setting), remaining, stop_above)
         trial.cost_s = m.cost_s
         trial.cost_split = dict(m.cost_split) or None
+        trial.warmup_steps_s = [list(pair) for pair in m.warmup_steps_s] or None
         trial.steps_measured = m.steps_measured
         trial.step_s_median, trial.step_s_p10 = _finite(m.median), _finite(m.step_s.get("p10", math.nan))
         trial.step_s_p90 = _finite(m.step_s.get("p90", math.nan))

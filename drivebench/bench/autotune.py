@@ -146,7 +146,8 @@ class AccelTrial:
             data_wait_fraction=float(stats.get("data_wait_fraction", math.nan)),
             h2d_fraction=(h2d / step["mean"]) if h2d is not None and step.get("mean") else math.nan,
             samples_per_s=float((stats.get("samples_per_s_per_step") or {}).get("median", math.nan)),
-            stopped_slower=slower.fired, cost_split=split)
+            stopped_slower=slower.fired, cost_split=split,
+            warmup_steps_s=[[round(r.step_s, 3), round(r.data_wait_s, 3)] for r in timer.times.records if r.warmup])
 
     def measure(self, setting: dict[str, Any], seconds_left: float, stop_above_s: float | None = None) -> Measurement:
         """Build the candidate as a run, train it a few steps, tear it down; errors are recorded, not raised."""

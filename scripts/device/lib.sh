@@ -69,7 +69,8 @@ print(render_trials(a)); print("  cost_s", a.get("cost_s"), "fraction", a.get("c
 print("  compile in run:", a.get("compile_in_run"), "| trained with:", a.get("chosen"))
 for t in a["trials"]:
     if t.get("cost_split"):
-        print(f"  split {t['change'][:28]:28s}", " ".join(f"{k}={v:.2f}" for k, v in t["cost_split"].items()))
+        print(f"  split {t['change'][:28]:28s}", " ".join(f"{k}={v:.2f}" for k, v in t["cost_split"].items()),
+              "| warm-up [step, wait]:", " ".join(f"{a:.2f}/{b:.2f}" for a, b in t.get("warmup_steps_s") or []))
 PY
 }
 # report: this call's runs, reported with their recorded targets (the convergence table into the log)
