@@ -257,6 +257,32 @@ def test_with_a_slow_loader_the_trial_picks_loader_workers(drivebench_cache, tmp
     assert not (tmp_path / "run" / "autotune").exists()   # trials leave nothing in the run directory
 
 
+def test_candidates_with_the_same_loader_share_its_running_workers(drivebench_cache, tmp_path):
+    """Starting many loader workers beside a large process costs seconds per candidate (fork copies its page
+    tables: 15 workers beside 8 GB took 4-5 s to a first batch on the 2-core CPU). A candidate that differs
+    from the previous one only in step-side knobs takes over its running training stream, rewound to the
+    first batch; one with other loader settings starts its own, and the old workers stop."""
+    cfg = _cfg(drivebench_cache, tmp_path, "accel.num_workers=1", "accel.persistent_workers=true")
+    trial = AccelTrial(cfg, tmp_path / "run", build_run, report=lambda text: None)
+    base = {"num_workers": 1, "prefetch_factor": 4, "precision": "32-true"}
+    first = trial.measure(dict(base), 300.0)
+    key, stream = trial._live
+    workers, after_first = list(stream.loader._iterator._workers), stream.position
+    assert first.error is None and first.steps_measured == 4 and all(w.is_alive() for w in workers)
+    second = trial.measure({**base, "precision": "bf16-mixed"}, 300.0)  # a step-only knob: same loader
+    assert second.error is None and second.steps_measured == 4 and trial.loader_reused == 1
+    assert trial._live[0] == key and trial._live[1] is stream
+    assert list(stream.loader._iterator._workers) == workers and all(w.is_alive() for w in workers)
+    # rewound: the second candidate trained on the same batches from the start, so it stands where the first stood
+    assert stream.position == after_first
+    third = trial.measure({**base, "prefetch_factor": 2}, 300.0)  # another loader: its own workers
+    assert third.error is None and trial.loader_reused == 1 and trial._live[1] is not stream
+    assert not any(w.is_alive() for w in workers)
+    newer = list(trial._live[1].loader._iterator._workers)
+    trial.close()
+    assert trial._live is None and not any(w.is_alive() for w in newer)
+
+
 def test_a_failing_candidate_is_skipped_with_its_error_recorded(drivebench_cache, tmp_path):
     trial, block, _ = _trial(_cfg(drivebench_cache, tmp_path, "accel.num_workers=0", sleep_s=0.15,
                                   fail_in_workers=True), tmp_path)

@@ -235,3 +235,30 @@ def test_lightning_saves_and_restores_the_position_mid_epoch(tmp_path, across_ep
         resumed = fit(11, ckpt_path=str(path))
     assert resumed == straight[6:]
     assert not [w for w in caught if "not resumable" in str(w.message)]  # Lightning sees a stateful loader
+
+
+def test_a_stream_survives_lightnings_fit_end_and_rewinds_on_its_live_workers():
+    """accel=auto's candidates share one training stream: held, it outlives Lightning's loader reset at fit
+    end, and rewound it gives the first batches again from the same worker processes."""
+    from lightning.pytorch.utilities.combined_loader import _shutdown_workers_and_reset_iterator
+
+    expected = _epoch_by_epoch(22, 4, 1)[0]
+    stream = EpochStream(RandomBatchSampler(22, 4, seed=7), _loader_factory(KeyEcho(22), 1))
+    first = iter(stream)
+    assert [next(first).tolist() for _ in range(3)] == expected[:3]
+    workers = list(stream.loader._iterator._workers)
+    stream.hold_workers = True  # what DriveDataModule.hand_over_streams sets
+    _shutdown_workers_and_reset_iterator(stream)  # what Lightning's fit loop does to its loaders at the end
+    assert all(w.is_alive() for w in workers)
+    stream.load_state_dict({"epoch": 0, "batches_done": 0})
+    assert [b.tolist() for b in stream] == expected
+    assert list(stream.loader._iterator._workers) == workers and all(w.is_alive() for w in workers)
+    stream.close()
+    assert not any(w.is_alive() for w in workers)
+    # not held (every run but the trial's candidates): Lightning's reset stops the workers, as for a DataLoader
+    stream.hold_workers = False
+    stream.load_state_dict({"epoch": 0, "batches_done": 0})
+    assert next(iter(stream)).tolist() == expected[0]
+    workers = list(stream.loader._iterator._workers)
+    _shutdown_workers_and_reset_iterator(stream)
+    assert not any(w.is_alive() for w in workers)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
+import json
 import logging
 import math
 import shutil
@@ -38,6 +39,12 @@ from drivebench.perf.loader_wait import LoaderWaitProfiler
 from drivebench.perf.summary import phase_stats
 
 log = logging.getLogger("drivebench")
+# accel values that do not change what the loader workers make: the step's knobs (model, precision, optimizer),
+# the trial's own, and the shared-memory cache's size bound (0.8 x the free shm, which the first cache lowers).
+# Candidates that differ only in these can share one running training stream.
+LOADER_NEUTRAL = frozenset({"name", "shm_cache_max_gb", "cuda_graphs", "compile", "compile_mode", "compile_dynamic", "precision", "tf32",
+                       "cudnn_benchmark", "channels_last", "fused_optimizer", "activation_checkpointing", "auto_trial",
+                       "auto_numerics", "auto_budget_s", "auto_margin", "auto_steps", "auto_warmup_steps"})
 TUNED = ("num_workers", "prefetch_factor", "device_transform", "cuda_graphs", "compile", "activation_checkpointing",
          "precision", "tf32", "channels_last", "cudnn_benchmark", "pin_memory", "fused_optimizer")
 
@@ -115,6 +122,8 @@ class AccelTrial:
         self.judge_in_run = judge_in_run  # False under bench=autotune: no run follows to judge compile on
         self._image_cache: Any = None  # the base candidate's decoded camera images, shared with the others
         self.image_cache_reused = 0
+        self._live: tuple[str, Any] | None = None  # (loader key, the last candidate's running training stream)
+        self.loader_reused = 0
 
     # ---- one candidate -----------------------------------------------------------------------
     def _fit(self, run: Any, seconds_left: float, stop_above_s: float | None = None) -> Measurement:
@@ -130,12 +139,19 @@ class AccelTrial:
             enable_checkpointing=False, enable_progress_bar=False, profiler=LoaderWaitProfiler(),
             gradient_clip_val=trainer_cfg.gradient_clip_val, accumulate_grad_batches=trainer_cfg.accumulate_grad_batches,
         )
+        key = self._offer_stream(run)
+        fitted = False
         try:
             trainer.fit(run.module, datamodule=run.datamodule)
+            fitted = True
         finally:
             loader = trainer.train_dataloader
             if isinstance(loader, DevicePrefetchLoader):
                 loader.close()
+            run.datamodule.hand_over_streams = False
+            stream = run.datamodule.detach_train_stream() if (fitted and key is not None) else None
+            if stream is not None:
+                self._live = (key, stream)
             run.datamodule.teardown("fit")
         stats = phase_stats(timer.times)
         split = _fit_split(timer, fit_started, time.perf_counter())
@@ -148,6 +164,31 @@ class AccelTrial:
             samples_per_s=float((stats.get("samples_per_s_per_step") or {}).get("median", math.nan)),
             stopped_slower=slower.fired, cost_split=split,
             warmup_steps_s=[[round(r.step_s, 3), round(r.data_wait_s, 3)] for r in timer.times.records if r.warmup])
+
+    def _offer_stream(self, run: Any) -> str | None:
+        """Hand the previous candidate's running training stream to ``run`` when their loaders are the same
+        (the candidates differ in step-only knobs); stop it otherwise. Returns ``run``'s loader key, or None
+        when its stream is not worth keeping (no persistent workers, or device prefetch wraps it)."""
+        accel = run.accel
+        settings = {k: v for k, v in accel.to_dict().items() if k not in LOADER_NEUTRAL}
+        key = None
+        if accel.num_workers > 0 and accel.persistent_workers and not accel.device_prefetch:
+            key = json.dumps(settings, sort_keys=True, default=str)
+        live, self._live = self._live, None
+        if live is not None:
+            if live[0] == key:
+                run.datamodule.adopt_train_stream(live[1])
+                self.loader_reused += 1
+            else:
+                live[1].close()
+        run.datamodule.hand_over_streams = key is not None
+        return key
+
+    def close(self) -> None:
+        """Stop the last candidate's training stream, if one is still running."""
+        live, self._live = self._live, None
+        if live is not None:
+            live[1].close()
 
     def measure(self, setting: dict[str, Any], seconds_left: float, stop_above_s: float | None = None) -> Measurement:
         """Build the candidate as a run, train it a few steps, tear it down; errors are recorded, not raised."""
@@ -232,7 +273,10 @@ class AccelTrial:
         self._image_cache = getattr(base_run.datamodule.transform, "image_cache", None)
         del base_run
         stages, not_allowed = plan_stages(caps, bool(accel.auto_numerics))
-        result = search(base, stages, self.measure, float(accel.auto_budget_s), float(accel.auto_margin), not_allowed)
+        try:
+            result = search(base, stages, self.measure, float(accel.auto_budget_s), float(accel.auto_margin), not_allowed)
+        finally:
+            self.close()
         self._prebuilt, self._image_cache = None, None
         gc.collect()
         shutil.rmtree(self.output_dir / "autotune", ignore_errors=True)
@@ -279,6 +323,7 @@ class AccelTrial:
             "cost_split": _total_split(result.trials),
             "prepare_s": prepare_s,
             "image_cache_reused": self.image_cache_reused,
+            "loader_reused": self.loader_reused,
             "stopped_by_budget": result.stopped_by_budget,
             "margin": float(accel.auto_margin),
             "steps": self.steps,

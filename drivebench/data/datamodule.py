@@ -127,6 +127,8 @@ class DriveDataModule(DeviceTransferDataModule):
         self.batch_sampler_factory = batch_sampler
         self.worker_init = WorkerInit(threads.worker_threads if threads is not None else None)
         self._streams: list[weakref.ref] = []  # EpochStreams handed out; their workers stop at teardown
+        self.hand_over_streams = False  # accel=auto's trial: teardown leaves them running for the next candidate
+        self._adopted: EpochStream | None = None
 
     def prepare_data(self) -> None:
         # ranks started together (torchrun) must not generate the embedded set concurrently
@@ -134,7 +136,13 @@ class DriveDataModule(DeviceTransferDataModule):
             self.source.prepare(workers=self.accel.preprocess_workers, progress=self.progress)
 
     def teardown(self, stage: str | None = None) -> None:
-        """Stop the workers of the training streams (Lightning shuts down only DataLoaders' own)."""
+        """Stop the workers of the training streams (Lightning shuts down only DataLoaders' own), unless
+        ``hand_over_streams``: then they keep running until :meth:`detach_train_stream` or a later teardown."""
+        if self.hand_over_streams:
+            return
+        if self._adopted is not None:  # adopted but never iterated: its workers stop here too
+            self._adopted.close()
+            self._adopted = None
         for ref in self._streams:
             stream = ref()
             if stream is not None:
@@ -199,8 +207,29 @@ class DriveDataModule(DeviceTransferDataModule):
             return loader
         return DevicePrefetchLoader(loader, device, self.move_batch, self.device_transform)
 
+    def adopt_train_stream(self, stream: EpochStream) -> None:
+        """Serve the next training loader from ``stream``: another datamodule's live stream over the same data
+        with the same loader settings (accel=auto's candidates), rewound to its first batch. Its persistent
+        workers are not started again: with many workers beside a large process that start costs seconds."""
+        stream.load_state_dict({"epoch": 0, "batches_done": 0})
+        self._adopted = stream
+
+    def detach_train_stream(self) -> EpochStream | None:
+        """The newest live training stream, which teardown will then leave running (the caller owns it)."""
+        while self._streams:
+            stream = self._streams.pop()()
+            if stream is not None:
+                stream.hold_workers = False  # its new owner stops it with close(), or a datamodule adopts it
+                return stream
+        return None
+
     def _train_loader(self) -> EpochStream:
         assert self.train_set is not None, "setup() first"
+        if self._adopted is not None:
+            stream, self._adopted = self._adopted, None
+            stream.hold_workers = self.hand_over_streams
+            self._streams.append(weakref.ref(stream))
+            return stream
         sampler = self.make_batch_sampler(self.train_set)
         if not sampler.plan(0):
             replicas, _ = self._replicas()
@@ -210,6 +239,7 @@ class DriveDataModule(DeviceTransferDataModule):
                 f"data (data.size / data.root)")
         keyed = bool(getattr(self.train_set, "accepts_sample_keys", False))
         stream = EpochStream(sampler, self._loader_over, keyed=keyed, across_epochs=self.accel.prefetch_across_epochs)
+        stream.hold_workers = self.hand_over_streams
         self._streams.append(weakref.ref(stream))
         return stream
 

@@ -71,16 +71,28 @@ class EpochStream:
         self.loader = make_loader(self.stream)
         self.sampler = _EpochRequest(self)
         self.iterator_starts = 0  # 1 when one loader iterator served every epoch (across_epochs)
-        self._iterator: Iterator[Any] | None = None
+        self._batches: Iterator[Any] | None = None  # the DataLoader iterator (Lightning sees it as ``_iterator``)
+        self.hold_workers = False  # accel=auto's trial: the workers outlive the fit, for the next candidate
         self._generation = 0  # bumped by every __iter__: an older epoch iterator stops yielding
         self._seek(int(start[0]), int(start[1]))
+
+    @property
+    def _iterator(self) -> Iterator[Any] | None:
+        """What Lightning's loader reset shuts down at the end of a fit (and of a failed one): the DataLoader
+        iterator, unless ``hold_workers`` hands the workers on (the datamodule's teardown stops them then)."""
+        return None if self.hold_workers else self._batches
+
+    @_iterator.setter
+    def _iterator(self, value: Iterator[Any] | None) -> None:
+        if not self.hold_workers:
+            self._batches = value
 
     def _seek(self, epoch: int, batches_done: int) -> None:
         """The next iteration starts at batch ``batches_done`` of ``epoch`` (if that epoch is the one asked for)."""
         self.position = (epoch, batches_done)  # the next batch the stream yields
         self.requested_epoch: int | None = epoch
         self._resume = (epoch, batches_done)  # only the first epoch iterated skips, and only if it is this one
-        self._iterator = None  # a stream positioned anew does not carry prefetched batches over
+        self._batches = None  # a stream positioned anew does not carry prefetched batches over
 
     # ---- Lightning's stateful-loader interface -------------------------------------------------
     def state_dict(self) -> dict[str, int]:
@@ -106,7 +118,7 @@ class EpochStream:
     def _restart(self, epoch: int, skip: int) -> None:
         self.stream.start = (epoch, skip)
         self.position = (epoch, skip)
-        self._iterator = iter(self.loader)  # persistent workers are reused; stale batches are dropped
+        self._batches = iter(self.loader)  # persistent workers are reused; stale batches are dropped
         self.iterator_starts += 1
 
     def __iter__(self) -> Iterator[Any]:
@@ -121,13 +133,13 @@ class EpochStream:
         resume_epoch, resume_skip = self._resume
         target = (epoch, resume_skip if epoch == resume_epoch else 0)
         self._resume = (-1, 0)
-        if self._iterator is None or self.position != target or not self.across_epochs:
+        if self._batches is None or self.position != target or not self.across_epochs:
             self._restart(*target)
         n = len(self.plans.plan(epoch))
         if self.position == (epoch, n):  # resumed after an epoch's last batch: nothing left in it
             self.position = (epoch + 1, 0)
         while self.position[0] == epoch and generation == self._generation:
-            batch = next(self._iterator)
+            batch = next(self._batches)
             done = self.position[1] + 1
             # moved on before the yield: Lightning stops asking after len(self) batches, so code
             # after the last yield may never run
@@ -137,7 +149,7 @@ class EpochStream:
     def close(self) -> None:
         """Stop the workers now (with persistent workers the DataLoader itself keeps its iterator,
         so dropping ours is not enough; Lightning does the same for its own loaders)."""
-        iterator, self._iterator = self._iterator, None
+        iterator, self._batches = self._batches, None
         stop_workers(self.loader, iterator)
 
 
