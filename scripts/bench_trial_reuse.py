@@ -31,18 +31,13 @@ def one_mode(reuse: bool, ballast_gb: float, candidates: int, workers: int) -> N
     from drivebench.bench import autotune
 
     ballast = torch.ones(int(ballast_gb * 2**30 / 4)) if ballast_gb else None  # noqa: F841 (held)
-    if not reuse:  # every candidate starts its own workers, as before the hand-over
-        def fresh_stream(self, run):
-            self.close()
-            run.datamodule.hand_over_streams = False
-            return None
-        autotune.AccelTrial._offer_stream = fresh_stream
     out = Path(tempfile.mkdtemp(prefix="trial-reuse-"))
     with initialize_config_dir(config_dir=str(REPO / "drivebench" / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
             "model=qcnet", "accel=auto", "ckpt=none", f"paths.output_dir={out}",
             f"accel.num_workers={workers}", "accel.persistent_workers=true"])
-    trial = autotune.AccelTrial(cfg, out, build_run, report=lambda text: None)
+    # fresh: every candidate starts its own workers, as before the hand-over
+    trial = autotune.AccelTrial(cfg, out, build_run, report=lambda text: None, share_loaders=reuse)
     costs, firsts = [], []
     for i in range(candidates):
         m = trial.measure({"num_workers": workers}, 1000.0)

@@ -104,10 +104,13 @@ class AccelTrial:
         output_dir: the run directory (trials run in ``<output_dir>/autotune`` and leave nothing there).
         build_run: ``drivebench.app.build_run`` (passed in: the app imports this module).
         report: where the table goes (default: printed).
+        share_loaders: a candidate with the previous one's loader settings takes over its running workers
+            (False: each starts its own, the baseline of ``scripts/bench_trial_reuse.py``).
     """
 
     def __init__(self, cfg: DictConfig, output_dir: Path, build_run: Callable[..., Any],
-                 report: Callable[[str], None] | None = None, judge_in_run: bool = True) -> None:
+                 report: Callable[[str], None] | None = None, judge_in_run: bool = True,
+                 share_loaders: bool = True) -> None:
         if cfg.dist.get("strategy") == "ddp":
             raise ConfigError(f"accel.auto_trial=true (accel={cfg.accel.name}) runs its trial in one process and "
                               f"dist={cfg.dist.name} starts several; use dist=single, or run bench=autotune once and "
@@ -124,6 +127,7 @@ class AccelTrial:
         self._image_cache: Any = None  # the base candidate's decoded camera images, shared with the others
         self.image_cache_reused = 0
         self._live: tuple[str, Any] | None = None  # (loader key, the last candidate's running training stream)
+        self.share_loaders = share_loaders
         self.loader_reused = 0
 
     # ---- one candidate -----------------------------------------------------------------------
@@ -169,11 +173,11 @@ class AccelTrial:
     def _offer_stream(self, run: Any) -> str | None:
         """Hand the previous candidate's running training stream to ``run`` when their loaders are the same
         (the candidates differ in step-only knobs); stop it otherwise. Returns ``run``'s loader key, or None
-        when its stream is not worth keeping (no persistent workers, or device prefetch wraps it)."""
+        when its stream is not kept (sharing off, no persistent workers, or device prefetch wraps it)."""
         accel = run.accel
         settings = {k: v for k, v in accel.to_dict().items() if k not in LOADER_NEUTRAL}
         key = None
-        if accel.num_workers > 0 and accel.persistent_workers and not accel.device_prefetch:
+        if self.share_loaders and accel.num_workers > 0 and accel.persistent_workers and not accel.device_prefetch:
             key = json.dumps(settings, sort_keys=True, default=str)
         live, self._live = self._live, None
         if live is not None:
