@@ -50,7 +50,8 @@ def apply_compile(net: nn.Module, settings: AccelSettings) -> list[str]:
 
 
 def compile_report() -> dict[str, Any]:
-    """Graph count, graph breaks and their most common reasons, from dynamo's counters."""
+    """Graph count, graph breaks and their most common reasons, from dynamo's counters; and where the
+    compilation's time went, with the on-disk cache's hits (a warm cache is why a second run starts sooner)."""
     try:
         from torch._dynamo.utils import counters
     except Exception:  # torch without dynamo
@@ -61,7 +62,32 @@ def compile_report() -> dict[str, Any]:
         "graph_breaks": int(sum(breaks.values())),
         "top_break_reasons": [f"{n}x {reason[:200]}" for reason, n in breaks.most_common(5)],
         "frames_failed": int(counters["frames"].get("failed", 0)) if "frames" in counters else 0,
+        **compile_time_report(counters),
     }
+
+
+# dynamo's timers (``torch._dynamo.utils.compilation_time_metrics``, seconds per call) that say where
+# compilation went: the frames it compiled (tracing plus the forward, and backward unless deferred), the
+# backward graphs compiled at their first backward, and inside those Inductor's share
+_FRAME_TIMER, _LAZY_BACKWARD_TIMER, _INDUCTOR_TIMER = "_compile.compile_inner", "backward._backward_impl", "compile_fx_inner"
+
+
+def compile_time_report(counters: Any) -> dict[str, Any]:
+    """``compile_s`` {total, frames, lazy_backward, inductor} and the FX-graph and AOTAutograd caches' hits
+    and misses; empty where this torch keeps neither timers nor cache counters."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics as timers
+    except Exception:
+        return {}
+    seconds = {key: round(float(sum(timers.get(timer, ()))), 2) for key, timer in
+               (("frames", _FRAME_TIMER), ("lazy_backward", _LAZY_BACKWARD_TIMER), ("inductor", _INDUCTOR_TIMER))}
+    report: dict[str, Any] = {"compile_s": {"total": round(seconds["frames"] + seconds["lazy_backward"], 2), **seconds}}
+    inductor, aot = counters.get("inductor", {}), counters.get("aot_autograd", {})
+    report["fx_graph_cache"] = {"hits": int(inductor.get("fxgraph_cache_hit", 0)),
+                                "misses": int(inductor.get("fxgraph_cache_miss", 0))}
+    report["aot_autograd_cache"] = {"hits": int(aot.get("autograd_cache_hit", 0)),
+                                    "misses": int(aot.get("autograd_cache_miss", 0))}
+    return report
 
 
 def to_channels_last(net: nn.Module) -> None:
