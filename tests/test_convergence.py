@@ -19,6 +19,8 @@ import pytest
 from conftest import run_cli
 from drivebench.report.analysis import analyse, time_to_target, with_recorded_targets
 from drivebench.report.convergence import convergence_table, convergence_targets, same_convergence
+from drivebench.report.loading import compile_cache_state
+from drivebench.report.tables import convergence_display
 from drivebench.perf.targets import parse_target
 
 matplotlib.use("Agg")
@@ -82,6 +84,27 @@ def test_convergence_table_final_metric_over_seeds_time_to_target_and_the_same_c
     assert table.loc["max", "same_as_none"] == "yes"            # |5.15 - 5.2| <= 0.4
     assert table.loc["fast_but_worse", "same_as_none"] == "no"  # |7.05 - 5.2| > 0.4
     assert math.isnan(table.loc["fast_but_worse", "wall_s_vs_none"])
+
+
+def test_convergence_table_says_how_much_of_the_time_to_target_was_compiling_and_from_which_cache():
+    runs, scalars = _runs([("n1", "none", 2023, [9.0, 7.0, 5.8], 90.0), ("n2", "none", 2024, [9.5, 7.5, 5.9], 95.0),
+                           ("m1", "max", 2023, [9.1, 5.7, 5.2], 60.0), ("m2", "max", 2024, [9.2, 5.6, 5.1], 30.0)])
+    reports = {"n1": None, "n2": None,
+               "m1": {"compile_s": {"total": 160.0}, "fx_graph_cache": {"hits": 0, "misses": 21}},
+               "m2": {"compile_s": {"total": 40.0}, "fx_graph_cache": {"hits": 21, "misses": 0}}}
+    runs = runs.assign(compile_s=[(reports[d] or {}).get("compile_s", {}).get("total", math.nan) for d in runs["run_dir"]],
+                       compile_cache=[compile_cache_state(reports[d]) for d in runs["run_dir"]])
+    assert [None if pd.isna(v) else v for v in runs["compile_cache"]] == [None, None, "cold", "warm"]
+    assert compile_cache_state({"fx_graph_cache": {"hits": 3, "misses": 2}}) == "partly warm"
+    targets = with_recorded_targets([], runs)
+    analysed = analyse(runs, scalars, targets)
+    table = convergence_table(analysed, scalars, targets[0]).set_index("setting")
+    assert table.loc["max", "compile_s_median"] == pytest.approx(100.0)
+    assert table.loc["max", "compile_cache"] == "cold,warm"
+    assert math.isnan(table.loc["none", "compile_s_median"]) and pd.isna(table.loc["none", "compile_cache"])
+    shown = convergence_display(table.reset_index()).set_index("setting")
+    assert shown.loc["max", "of which compiling"] == "100 s (cold,warm cache)"
+    assert shown.loc["none", "of which compiling"] == "-"
 
 
 def test_same_convergence_needs_two_seeds_of_each_setting():

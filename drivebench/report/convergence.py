@@ -92,8 +92,8 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
     """One row per (machine, model, size, data, setting): final metric over seeds and time to target."""
     rows = convergence_rows(runs, scalars, target)
     columns = ["machine", "model", "model_size", "setting", "runs", "seeds", "final_mean", "final_min", "final_max",
-               "final_spread", "reached", "to_target_wall_s_median", "to_target_steps_median", "wall_s_vs_none",
-               "same_as_none"]
+               "final_spread", "reached", "to_target_wall_s_median", "to_target_steps_median", "compile_s_median",
+               "compile_cache", "wall_s_vs_none", "same_as_none"]
     if rows.empty:
         return pd.DataFrame(columns=columns)
     state, wall, steps = (target_column(target, f) for f in ("state", "wall_s", "steps"))
@@ -111,6 +111,9 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             "reached": f"{len(reached)}/{len(part)}",
             "to_target_wall_s_median": float(reached[wall].median()) if len(reached) else math.nan,
             "to_target_steps_median": float(reached[steps].median()) if len(reached) else math.nan,
+            # the one-time cost inside those seconds (a cold compile decides a short schedule)
+            "compile_s_median": float(part["compile_s"].median()) if "compile_s" in part else math.nan,
+            "compile_cache": (",".join(sorted(set(part["compile_cache"].dropna()))) or None) if "compile_cache" in part else None,
         })
     table = pd.DataFrame(out)
     for _, part in table.groupby(GROUP, dropna=False, sort=False):

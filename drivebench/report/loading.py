@@ -66,6 +66,17 @@ def mapping(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def compile_cache_state(report: Any) -> str | None:
+    """``cold`` (every graph compiled), ``warm`` (every graph from the on-disk cache), ``partly warm``, or None
+    where the run compiled nothing or its summary predates the cache counts."""
+    if not isinstance(report, dict) or not isinstance(report.get("fx_graph_cache"), dict):
+        return None
+    hits, misses = (int(report["fx_graph_cache"].get(k) or 0) for k in ("hits", "misses"))
+    if hits + misses == 0:
+        return None
+    return "warm" if misses == 0 else "cold" if hits == 0 else "partly warm"
+
+
 def num(value: Any) -> float:
     """A finite float, or NaN for anything else (None, strings, inf)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -213,6 +224,9 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
         "profile_gpu_active_fraction": num(dig(summary, "profile", "gpu", "active_fraction")),
         "profile_aten_ops_per_step": num(dig(summary, "profile", "host", "aten_ops_per_step")),
         "device_busy_fraction": num(train.get("device_busy_fraction")),
+        # seconds this run spent compiling, and whether Inductor's on-disk cache served it (a warm start)
+        "compile_s": num(dig(summary, "settings", "compile_report", "compile_s", "total")),
+        "compile_cache": compile_cache_state(dig(summary, "settings", "compile_report")),
         "gpu_util_pct_median": num(dig(train, "system", "gpu_util_pct", "median")),
         "cpu_main_pct_median": num(dig(train, "system", "cpu_main_pct", "median")),
         "cpu_workers_pct_median": num(dig(train, "system", "cpu_workers_pct", "median")),

@@ -152,6 +152,11 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
         wall = fmt(r["to_target_wall_s_median"], unit=" s")
         return f"{wall}, step {r['to_target_steps_median']:.0f}" if wall else "not reached"
 
+    def compiling(r: pd.Series) -> str:
+        seconds = fmt(r.get("compile_s_median", math.nan), unit=" s")
+        cache = r.get("compile_cache")
+        return f"{seconds} ({cache} cache)" if seconds and isinstance(cache, str) and cache else seconds or "-"
+
     return pd.DataFrame({
         "machine": table["machine"], "model": table["model"].astype(str) + " (" + table["model_size"].astype(str) + ")",
         "setting": table["setting"], "seeds": table["seeds"],
@@ -159,6 +164,7 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
         "seed spread": table["final_spread"].map(lambda v: fmt(v, digits=3)),
         "reached": table["reached"],
         "to target (median over seeds)": [to_target(r) for _, r in table.iterrows()],
+        "of which compiling": [compiling(r) for _, r in table.iterrows()],
         "time to target, none / this": table["wall_s_vs_none"].map(lambda v: fmt(v, unit="x")),
         "final within the seed spread of none": table["same_as_none"],
     }).reset_index(drop=True)
