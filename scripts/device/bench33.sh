@@ -5,7 +5,8 @@
 #      ran out of memory beside two other runs), then seed=2023 on the cache it left (the warm start; b29
 #      had seed 2023 cold and 2024 warm): time to target cold and warm, and from summary.json's
 #      compile_report where the first capture's time goes (compile_s, FX-graph / AOTAutograd cache hits)
-#   b  accel=max accel.tf32=false seed=2023 (which knob moves max's final minFDE: bf16 did not, b31;
+#   b  right after a on the same machine: seed=2025 on a's cache (a warm third seed), then
+#      accel=max accel.tf32=false seed=2023 (which knob moves max's final minFDE: bf16 did not, b31;
 #      TF32 is in Inductor's cache key, so this compiles cold)
 export LIMIT=${LIMIT:-560}; source scripts/device/lib.sh || exit 1
 export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0 KILL_GRACE=${KILL_GRACE:-20}
@@ -16,7 +17,9 @@ QM="val/minFDE val/cv_minFDE"
 case "$PART" in
   a) cold qcnet; run qcnet_conv_max_s2025_cold 360 $C accel=max seed=2025; curve qcnet_conv_max_s2025_cold $QM; facts qcnet_conv_max_s2025_cold
      run qcnet_conv_max_s2023_warm 200 $C accel=max seed=2023; curve qcnet_conv_max_s2023_warm $QM; facts qcnet_conv_max_s2023_warm ;;
-  b) run qcnet_conv_max_notf32_s2023 400 $C accel=max accel.tf32=false seed=2023; curve qcnet_conv_max_notf32_s2023 $QM; facts qcnet_conv_max_notf32_s2023 ;;
+  b) export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-qcnet  # part a's cache when the machine is the same (warm)
+     run qcnet_conv_max_s2025_warm 200 $C accel=max seed=2025; curve qcnet_conv_max_s2025_warm $QM; facts qcnet_conv_max_s2025_warm
+     run qcnet_conv_max_notf32_s2023 400 $C accel=max accel.tf32=false seed=2023; curve qcnet_conv_max_notf32_s2023 $QM; facts qcnet_conv_max_notf32_s2023 ;;
   *) log "unknown part $PART (a, b)"; exit 2 ;;
 esac
 report
