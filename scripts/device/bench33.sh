@@ -8,6 +8,7 @@
 #   b  right after a on the same machine: seed=2025 on a's cache (a warm third seed), then
 #      accel=max accel.tf32=false seed=2023 (which knob moves max's final minFDE: bf16 did not, b31;
 #      TF32 is in Inductor's cache key, so this compiles cold)
+#   c  on a fresh machine: seed=2024 cold, then seed=2025 on its cache (with a: three seeds cold and warm)
 export LIMIT=${LIMIT:-560}; source scripts/device/lib.sh || exit 1
 export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0 KILL_GRACE=${KILL_GRACE:-20}
 PART=${1:-a}
@@ -20,7 +21,9 @@ case "$PART" in
   b) export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-qcnet  # part a's cache when the machine is the same (warm)
      run qcnet_conv_max_s2025_warm 200 $C accel=max seed=2025; curve qcnet_conv_max_s2025_warm $QM; facts qcnet_conv_max_s2025_warm
      run qcnet_conv_max_notf32_s2023 400 $C accel=max accel.tf32=false seed=2023; curve qcnet_conv_max_notf32_s2023 $QM; facts qcnet_conv_max_notf32_s2023 ;;
-  *) log "unknown part $PART (a, b)"; exit 2 ;;
+  c) cold qcnet; run qcnet_conv_max_s2024_cold 360 $C accel=max seed=2024; curve qcnet_conv_max_s2024_cold $QM; facts qcnet_conv_max_s2024_cold
+     run qcnet_conv_max_s2025_warm 200 $C accel=max seed=2025; curve qcnet_conv_max_s2025_warm $QM; facts qcnet_conv_max_s2025_warm ;;
+  *) log "unknown part $PART (a, b, c)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
