@@ -90,12 +90,13 @@ def test_convergence_table_says_how_much_of_the_time_to_target_was_compiling_and
     runs, scalars = _runs([("n1", "none", 2023, [9.0, 7.0, 5.8], 90.0), ("n2", "none", 2024, [9.5, 7.5, 5.9], 95.0),
                            ("m1", "max", 2023, [9.1, 5.7, 5.2], 60.0), ("m2", "max", 2024, [9.2, 5.6, 5.1], 30.0)])
     reports = {"n1": None, "n2": None,
-               "m1": {"compile_s": {"total": 160.0}, "fx_graph_cache": {"hits": 0, "misses": 21}},
-               "m2": {"compile_s": {"total": 40.0}, "fx_graph_cache": {"hits": 21, "misses": 0}}}
+               "m1": {"compile_s": {"total": 160.0}, "fx_graph_cache": {"hits": 2, "misses": 40}},  # H200, b33
+               "m2": {"compile_s": {"total": 40.0}, "fx_graph_cache": {"hits": 36, "misses": 6}}}
     runs = runs.assign(compile_s=[(reports[d] or {}).get("compile_s", {}).get("total", math.nan) for d in runs["run_dir"]],
                        compile_cache=[compile_cache_state(reports[d]) for d in runs["run_dir"]])
     assert [None if pd.isna(v) else v for v in runs["compile_cache"]] == [None, None, "cold", "warm"]
     assert compile_cache_state({"fx_graph_cache": {"hits": 3, "misses": 2}}) == "partly warm"
+    assert compile_cache_state({"fx_graph_cache": {"hits": 0, "misses": 0}}) is None
     targets = with_recorded_targets([], runs)
     analysed = analyse(runs, scalars, targets)
     table = convergence_table(analysed, scalars, targets[0]).set_index("setting")
