@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from drivebench.accel.compile import apply_compile, to_channels_last
+from drivebench.accel.compile import apply_compile, to_channels_last, use_compile_cache
 from drivebench.accel.cuda_graphs import settle_cuda_graphs
 from drivebench.accel.settings import AccelSettings
 from drivebench.accel.threads import ThreadBudget
@@ -246,6 +246,7 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     checkpointing = accel.apply_activation_checkpointing(net, machine, cfg.model.batch_size)  # before compile
     if accel.channels_last:
         to_channels_last(net)
+    accel.compile_cache = use_compile_cache(accel.compile_cache, cfg.paths.cache)  # before anything compiles
     compiled = apply_compile(net, accel)
     device_transform = _device_transform(transform, net, accel)
     if device_transform is not None and getattr(device_transform, "compiles", False):

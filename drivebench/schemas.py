@@ -101,6 +101,7 @@ class AccelConfig:
     compile: Any = MISSING
     compile_mode: str = MISSING
     compile_dynamic: Optional[bool] = MISSING
+    compile_cache: str = MISSING
     precision: str = MISSING
     tf32: Any = MISSING
     cudnn_benchmark: Any = MISSING

@@ -77,6 +77,7 @@ def test_single_knob_override_wins():
         ("accel.precision=fp8", "accel.precision='fp8'"),
         ("accel.compile_mode=fast", "accel.compile_mode='fast'"),
         ("accel.prefetch_factor=0", "accel.prefetch_factor=0"),
+        ("accel.compile_cache=''", "accel.compile_cache=''"),
     ],
 )
 def test_bad_values_name_the_key(override, message):

@@ -30,3 +30,36 @@ def test_compile_report_times_the_compilation_and_counts_cache_hits(tmp_path, mo
     warm = _compile_and_step(tmp_path, monkeypatch)  # the same graphs again, on the cache the first left
     assert warm["fx_graph_cache"]["hits"] + warm["aot_autograd_cache"]["hits"] >= 1
     assert warm["fx_graph_cache"]["misses"] == 0
+
+
+def test_compile_cache_auto_keeps_inductor_out_of_tmp_and_a_warm_second_process_hits_it(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    from drivebench.accel.compile import INDUCTOR_CACHE_ENV, use_compile_cache
+
+    monkeypatch.delenv(INDUCTOR_CACHE_ENV, raising=False)
+    assert use_compile_cache("auto", tmp_path / "cache") == str(tmp_path / "cache" / "inductor")
+    assert os.environ[INDUCTOR_CACHE_ENV] == str(tmp_path / "cache" / "inductor")
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, str(tmp_path / "mine"))  # the user's own choice wins under auto and torch
+    assert use_compile_cache("auto", tmp_path / "cache") == str(tmp_path / "mine")
+    assert use_compile_cache("torch", tmp_path / "cache") == str(tmp_path / "mine")
+    assert use_compile_cache(str(tmp_path / "there"), tmp_path / "cache") == str(tmp_path / "there")
+
+    # two processes with the knob's directory: the first fills it, the second compiles nothing new
+    code = ("import json, sys, torch\n"
+            "from drivebench.accel.compile import use_compile_cache, compile_report\n"
+            "use_compile_cache('auto', sys.argv[1])\n"
+            "net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1)); net.compile()\n"
+            "net(torch.randn(4, 8)).sum().backward()\n"
+            "print(json.dumps(compile_report()['fx_graph_cache']))\n")
+    env = {k: v for k, v in os.environ.items() if k != INDUCTOR_CACHE_ENV}
+    runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path / "shared")], env=env, capture_output=True,
+                           text=True, timeout=300) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
+    import json
+
+    cold, warm = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
+    assert cold["misses"] >= 1 and warm["misses"] == 0 and warm["hits"] >= 1
+    assert any((tmp_path / "shared" / "inductor").iterdir())

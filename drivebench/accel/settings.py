@@ -45,6 +45,7 @@ class AccelSettings:
     compile: bool
     compile_mode: str
     compile_dynamic: bool | None
+    compile_cache: str  # auto | torch | a directory; app.build_run resolves auto to the directory in effect
     precision: str
     tf32: bool
     cudnn_benchmark: bool
@@ -110,6 +111,9 @@ class AccelSettings:
         dynamic = cfg["compile_dynamic"]
         if dynamic not in (None, True, False):
             raise ConfigError(f"accel.compile_dynamic={dynamic!r} is not valid; use true, false or null")
+        compile_cache = cfg.get("compile_cache", "auto")
+        if not isinstance(compile_cache, str) or not compile_cache.strip():
+            raise ConfigError(f"accel.compile_cache={compile_cache!r} is not valid; use auto, torch or a directory")
         shm_max = cfg["shm_cache_max_gb"]
         if shm_max == "auto":
             shm_max = 0.8 * (machine.shm_free_gb or 0.0)
@@ -162,6 +166,7 @@ class AccelSettings:
             compile=flag("compile", on_gpu),
             compile_mode=mode,
             compile_dynamic=dynamic,
+            compile_cache=compile_cache,
             precision=precision,
             tf32=flag("tf32", on_gpu) and on_gpu,
             cudnn_benchmark=flag("cudnn_benchmark", on_gpu) and on_gpu,
