@@ -11,12 +11,8 @@
 #      TORCHINDUCTOR_CACHE_DIR exported): QCNet bench=train accel=max twice; the second run's
 #      compile_report should show a warm cache
 export LIMIT=${LIMIT:-560}; source scripts/device/lib.sh || exit 1
-export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0 KILL_GRACE=${KILL_GRACE:-20}
-PART=${1:-a}
-log "commit $(revision), part $PART"
-C="+experiment=convergence model=qcnet"
-QM="val/minFDE val/cv_minFDE"
-T="ckpt=none bench.ceiling=false bench.val_batches=0"
+one_gpu_part "$1"
+C=$QCNET_CONV QM=$QCNET_METRICS T=$TRAIN_ONLY
 case "$PART" in
   a) cold qcnet_dyn
      run qcnet_conv_maxdyn_s2024_cold 360 $C accel=max accel.compile_dynamic=true seed=2024; curve qcnet_conv_maxdyn_s2024_cold $QM; facts qcnet_conv_maxdyn_s2024_cold

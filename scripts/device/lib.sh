@@ -80,3 +80,13 @@ report() {
 }
 # cold TAG: an empty Inductor cache of its own for what follows (the run pays a first compile, as a user's first run does)
 cold() { export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-$1; rm -rf "$TORCHINDUCTOR_CACHE_DIR"; }
+# one_gpu_part PART: how a single-GPU benchN.sh part starts (PART set, the commit logged)
+one_gpu_part() {
+  export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0 KILL_GRACE=${KILL_GRACE:-20}
+  PART=${1:-a}
+  log "commit $(revision), part $PART"
+}
+# what parts share: QCNet's convergence experiment and its metrics, a bounded run that only trains
+QCNET_CONV="+experiment=convergence model=qcnet"
+QCNET_METRICS="val/minFDE val/cv_minFDE"
+TRAIN_ONLY="ckpt=none bench.ceiling=false bench.val_batches=0"
