@@ -42,13 +42,17 @@ def test_compile_cache_auto_keeps_inductor_out_of_tmp_and_a_warm_second_process_
     monkeypatch.delenv(INDUCTOR_CACHE_ENV, raising=False)
     assert use_compile_cache("auto", tmp_path / "cache") == str(tmp_path / "cache" / "inductor")
     assert os.environ[INDUCTOR_CACHE_ENV] == str(tmp_path / "cache" / "inductor")
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, default_cache_dir())  # what torch writes there once asked (Lightning's import)
+    assert use_compile_cache("auto", tmp_path / "cache") == str(tmp_path / "cache" / "inductor")
     monkeypatch.setenv(INDUCTOR_CACHE_ENV, str(tmp_path / "mine"))  # the user's own choice wins under auto and torch
     assert use_compile_cache("auto", tmp_path / "cache") == str(tmp_path / "mine")
     assert use_compile_cache("torch", tmp_path / "cache") == str(tmp_path / "mine")
     assert use_compile_cache(str(tmp_path / "there"), tmp_path / "cache") == str(tmp_path / "there")
 
     # two processes with the knob's directory: the first fills it, the second compiles nothing new
-    code = ("import json, sys, torch\n"
+    code = ("import json, sys, torch, lightning.pytorch\n"
             "from drivebench.accel.compile import use_compile_cache, compile_report\n"
             "use_compile_cache('auto', sys.argv[1])\n"
             "net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1)); net.compile()\n"

@@ -28,15 +28,21 @@ INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 def use_compile_cache(knob: str, cache_root: str | Path) -> str:
     """Point Inductor's on-disk cache (compiled graphs, Triton kernels, autotuning) at the directory that
-    ``accel.compile_cache`` names and return it: ``auto`` keeps ``$TORCHINDUCTOR_CACHE_DIR`` when set, else
-    ``<cache_root>/inductor``, which outlives /tmp; ``torch`` leaves torch's own choice. A warm cache is what
-    turns QCNet's first compiled step from ~165 s into ~38 s on an H200 (docs/accel.md)."""
-    if knob == "torch":
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    ``accel.compile_cache`` names and return it: ``auto`` keeps ``$TORCHINDUCTOR_CACHE_DIR`` when it names
+    another directory than torch's default, else ``<cache_root>/inductor``, which outlives /tmp; ``torch``
+    leaves torch's own choice. A warm cache is what turns QCNet's first compiled step from ~165 s into
+    ~38 s on an H200 (docs/accel.md).
 
-        return os.environ.get(INDUCTOR_CACHE_ENV) or default_cache_dir()
+    torch writes its default into the variable the first time anything asks for the directory (importing
+    Lightning does), so a variable holding torch's default says nothing about the user's wish."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    exported = os.environ.get(INDUCTOR_CACHE_ENV)
+    if knob == "torch":
+        return exported or default_cache_dir()
     if knob == "auto":
-        directory = os.environ.get(INDUCTOR_CACHE_ENV) or str(Path(cache_root).expanduser() / "inductor")
+        chosen = exported and os.path.abspath(exported) != os.path.abspath(default_cache_dir())
+        directory = exported if chosen else str(Path(cache_root).expanduser() / "inductor")
     else:
         directory = str(Path(knob).expanduser())
     directory = os.path.abspath(directory)
