@@ -67,3 +67,14 @@ def test_compile_cache_auto_keeps_inductor_out_of_tmp_and_a_warm_second_process_
     cold, warm = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
     assert cold["misses"] >= 1 and warm["misses"] == 0 and warm["hits"] >= 1
     assert any((tmp_path / "shared" / "inductor").iterdir())
+
+
+def test_the_terminal_summary_says_how_long_the_run_compiled_and_from_which_cache():
+    from drivebench.perf.summary import render_table
+
+    cold = {"settings": {"compile_report": {"graphs": 21, "compile_s": {"total": 168.2},
+                                            "fx_graph_cache": {"hits": 2, "misses": 40}}}}
+    assert "compiling" in render_table(cold) and "168 s in this run, cold cache (2 of 42 graphs from it)" in render_table(cold)
+    warm = {"settings": {"compile_report": {"compile_s": {"total": 38.0}, "fx_graph_cache": {"hits": 36, "misses": 6}}}}
+    assert "38 s in this run, warm cache (36 of 42 graphs from it)" in render_table(warm)
+    assert "compiling" not in render_table({"settings": {}})  # nothing compiled: no row

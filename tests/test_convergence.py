@@ -19,7 +19,7 @@ import pytest
 from conftest import run_cli
 from drivebench.report.analysis import analyse, time_to_target, with_recorded_targets
 from drivebench.report.convergence import convergence_table, convergence_targets, same_convergence
-from drivebench.report.loading import compile_cache_state
+from drivebench.perf.compile_cache import compile_cache_state
 from drivebench.report.tables import convergence_display
 from drivebench.perf.targets import parse_target
 

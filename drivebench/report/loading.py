@@ -19,6 +19,7 @@ import pandas as pd
 import yaml
 
 from drivebench.perf.bottleneck import diagnose, efficiency_note
+from drivebench.perf.compile_cache import compile_cache_state
 from drivebench.report.discovery import RunDir, find_run_dirs
 from drivebench.report.events import read_scalars
 from drivebench.report.labels import (accel_overrides, command_overrides, hardware_label, machine_label,
@@ -64,23 +65,6 @@ def dig(data: Any, *keys: str) -> Any:
 def mapping(value: Any) -> dict[str, Any]:
     """``value`` if it is a mapping, else an empty one (a damaged or foreign summary section)."""
     return value if isinstance(value, dict) else {}
-
-
-COLD_BELOW, WARM_ABOVE = 0.25, 0.75  # share of FX graphs served by the on-disk cache
-
-
-def compile_cache_state(report: Any) -> str | None:
-    """``cold`` (under a quarter of the graphs came from Inductor's on-disk cache), ``warm`` (over three
-    quarters), ``partly warm``, or None where the run compiled nothing or its summary predates the counts.
-    Shares, not all-or-none: a cold run hits the cache for graphs it compiled itself earlier, and a warm
-    one misses for shapes the run that filled the cache never met."""
-    if not isinstance(report, dict) or not isinstance(report.get("fx_graph_cache"), dict):
-        return None
-    hits, misses = (int(report["fx_graph_cache"].get(k) or 0) for k in ("hits", "misses"))
-    if hits + misses == 0:
-        return None
-    share = hits / (hits + misses)
-    return "cold" if share < COLD_BELOW else "warm" if share > WARM_ABOVE else "partly warm"
 
 
 def num(value: Any) -> float:
