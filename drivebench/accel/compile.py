@@ -26,6 +26,17 @@ MULTI_UNIT_RECOMPILE_LIMIT = 64
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
+def _torch_default_cache_dir() -> str:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # an older torch (the range starts at 2.4) keeps the function elsewhere; same place
+        import getpass
+        import tempfile
+
+        return os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    return default_cache_dir()
+
+
 def use_compile_cache(knob: str, cache_root: str | Path) -> str:
     """Point Inductor's on-disk cache (compiled graphs, Triton kernels, autotuning) at the directory that
     ``accel.compile_cache`` names and return it: ``auto`` keeps ``$TORCHINDUCTOR_CACHE_DIR`` when it names
@@ -35,13 +46,11 @@ def use_compile_cache(knob: str, cache_root: str | Path) -> str:
 
     torch writes its default into the variable the first time anything asks for the directory (importing
     Lightning does), so a variable holding torch's default says nothing about the user's wish."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
     exported = os.environ.get(INDUCTOR_CACHE_ENV)
     if knob == "torch":
-        return exported or default_cache_dir()
+        return exported or _torch_default_cache_dir()
     if knob == "auto":
-        chosen = exported and os.path.abspath(exported) != os.path.abspath(default_cache_dir())
+        chosen = exported and os.path.abspath(exported) != os.path.abspath(_torch_default_cache_dir())
         directory = exported if chosen else str(Path(cache_root).expanduser() / "inductor")
     else:
         directory = str(Path(knob).expanduser())
