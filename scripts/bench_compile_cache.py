@@ -29,16 +29,13 @@ SLOW_STEP_S = 2.0  # a step this slow compiled something
 
 
 def one_process(dynamic: str, steps: int, seed: int) -> None:
-    from hydra import compose, initialize_config_dir
-
     from drivebench.accel.compile import compile_report
     from drivebench.app import build_run
+    from drivebench.compose import compose
 
     out = Path(tempfile.mkdtemp(prefix="compile-cache-"))
-    with initialize_config_dir(config_dir=str(REPO / "drivebench" / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "model=qcnet", "ckpt=none", "accel=none", "accel.compile=true", f"accel.compile_dynamic={dynamic}",
-            "accel.compile_cache=torch", "accel.num_workers=0", f"seed={seed}", f"paths.output_dir={out}"])
+    cfg = compose(["model=qcnet", "ckpt=none", "accel=none", "accel.compile=true", f"accel.compile_dynamic={dynamic}",
+                   "accel.compile_cache=torch", "accel.num_workers=0", f"seed={seed}", f"paths.output_dir={out}"])
     run = build_run(cfg, out, progress=False)
     run.datamodule.prepare_data()
     run.datamodule.setup("fit")

@@ -107,7 +107,8 @@ def compile_report() -> dict[str, Any]:
 # dynamo's timers (``torch._dynamo.utils.compilation_time_metrics``, seconds per call) that say where
 # compilation went: the frames it compiled (tracing plus the forward, and backward unless deferred), the
 # backward graphs compiled at their first backward, and inside those Inductor's share
-_FRAME_TIMER, _LAZY_BACKWARD_TIMER, _INDUCTOR_TIMER = "_compile.compile_inner", "backward._backward_impl", "compile_fx_inner"
+_FRAME_TIMER, _LAZY_BACKWARD_TIMER, _INDUCTOR_TIMER = (
+    "_compile.compile_inner", "backward._backward_impl", "compile_fx_inner")
 
 
 def compile_time_report(counters: Any) -> dict[str, Any]:

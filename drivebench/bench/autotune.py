@@ -43,8 +43,8 @@ log = logging.getLogger("drivebench")
 # the trial's own, and the shared-memory cache's size bound (0.8 x the free shm, which the first cache lowers).
 # Candidates that differ only in these can share one running training stream.
 LOADER_NEUTRAL = frozenset({
-    "name", "shm_cache_max_gb", "cuda_graphs", "compile", "compile_mode", "compile_dynamic", "compile_cache", "precision", "tf32",
-    "cudnn_benchmark", "channels_last", "fused_optimizer", "activation_checkpointing",
+    "name", "shm_cache_max_gb", "cuda_graphs", "compile", "compile_mode", "compile_dynamic", "compile_cache",
+    "precision", "tf32", "cudnn_benchmark", "channels_last", "fused_optimizer", "activation_checkpointing",
     "auto_trial", "auto_numerics", "auto_budget_s", "auto_margin", "auto_steps", "auto_warmup_steps"})
 TUNED = ("num_workers", "prefetch_factor", "device_transform", "cuda_graphs", "compile", "activation_checkpointing",
          "precision", "tf32", "channels_last", "cudnn_benchmark", "pin_memory", "fused_optimizer")

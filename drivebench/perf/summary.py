@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from drivebench.perf.callback import PhaseTimes, StepRecord
-from drivebench.perf.compile_cache import compile_cache_state
+from drivebench.perf.compile_cache import compile_cache_state, graphs_from_cache
 from drivebench.perf.stats import describe
 from drivebench.perf.system import SystemMonitor
 
@@ -218,11 +218,9 @@ def render_table(summary: dict[str, Any]) -> str:
         rows.append(("peak device memory", _fmt(mem["peak_device_gb"], " GiB")))
     compiled = (summary.get("settings") or {}).get("compile_report") or {}
     if (compiled.get("compile_s") or {}).get("total"):
-        cache = compiled.get("fx_graph_cache") or {}
-        served, graphs = int(cache.get("hits") or 0), int(cache.get("hits") or 0) + int(cache.get("misses") or 0)
-        state = compile_cache_state(compiled)
+        counts, state = graphs_from_cache(compiled), compile_cache_state(compiled)
         rows.append(("compiling", f"{_fmt(compiled['compile_s']['total'], ' s')} in this run"
-                     + (f", {state} cache ({served} of {graphs} graphs from it)" if state else "")))
+                     + (f", {state} cache ({counts[0]} of {counts[1]} graphs from it)" if counts else "")))
     rows += _profile_rows(summary.get("profile"))
     trial = summary.get("autotune") or {}
     if trial:

@@ -11,12 +11,8 @@
 #      beside two other runs), then accel=max accel.tf32=false seed=2023 if the time allows (which
 #      knob moves max's final minFDE: bf16 did not, b31)
 export LIMIT=${LIMIT:-560}; source scripts/device/lib.sh || exit 1
-export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0 KILL_GRACE=${KILL_GRACE:-20}
-PART=${1:-a}
-log "commit $(revision), part $PART"
-C="+experiment=convergence model=qcnet"
-QM="val/minFDE val/cv_minFDE"
-T="ckpt=none bench.ceiling=false bench.val_batches=0"
+one_gpu_part "$1"
+C=$QCNET_CONV QM=$QCNET_METRICS T=$TRAIN_ONLY
 case "$PART" in
   a) cold maptr; run maptr_auto 250 model=maptr $T accel=auto accel.auto_numerics=true; trials maptr_auto
      run maptr_max 200 model=maptr $T accel=max ;;

@@ -10,11 +10,8 @@
 #      TF32 is in Inductor's cache key, so this compiles cold)
 #   c  on a fresh machine: seed=2024 cold, then seed=2025 on its cache (with a: three seeds cold and warm)
 export LIMIT=${LIMIT:-560}; source scripts/device/lib.sh || exit 1
-export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0 KILL_GRACE=${KILL_GRACE:-20}
-PART=${1:-a}
-log "commit $(revision), part $PART"
-C="+experiment=convergence model=qcnet"
-QM="val/minFDE val/cv_minFDE"
+one_gpu_part "$1"
+C=$QCNET_CONV QM=$QCNET_METRICS
 case "$PART" in
   a) cold qcnet; run qcnet_conv_max_s2025_cold 360 $C accel=max seed=2025; curve qcnet_conv_max_s2025_cold $QM; facts qcnet_conv_max_s2025_cold
      run qcnet_conv_max_s2023_warm 200 $C accel=max seed=2023; curve qcnet_conv_max_s2023_warm $QM; facts qcnet_conv_max_s2023_warm ;;
