@@ -301,6 +301,17 @@ def _plain_config(cfg: DictConfig) -> dict[str, Any]:
         return OmegaConf.to_container(cfg, resolve=False)
 
 
+def _drop_attempt_logs(log_dir: str | None, output_dir: Path) -> None:
+    """The TensorBoard files of a run attempt that ``accel=auto`` stopped after its first steps to try loader
+    settings: the attempt that follows logs from step 0 again into the same directory."""
+    if not log_dir:
+        return
+    path = Path(log_dir).resolve()
+    if path.is_dir() and path.is_relative_to(output_dir.resolve()) and path != output_dir.resolve():
+        for events in path.rglob("events.out.tfevents.*"):
+            events.unlink()
+
+
 def quiet_third_party_noise() -> None:
     """Silence messages about choices drivebench makes on purpose and Lightning's banners; our
     summary says what ran where."""
@@ -324,18 +335,32 @@ def main(cfg: DictConfig) -> dict[str, Any]:
             STOP.forward_to.append(job.rank_processes)
             bench = build(cfg.bench)  # first: its arguments are checked before the run is built
             started = time.time()
-            trial = None
-            if cfg.accel.get("auto_trial") or getattr(bench, "tunes_accel", False):
-                from drivebench.bench.autotune import AccelTrial, with_accel  # imports the benches, which import us
+            if not (cfg.accel.get("auto_trial") or getattr(bench, "tunes_accel", False)):
+                run = build_run(cfg, output_dir)
+                run.job = job
+                return bench.run(run)
+            from drivebench.accel.in_run_trial import RetuneBeforeRun
+            from drivebench.bench.autotune import AccelTrial, with_accel  # imports the benches, which import us
 
-                trial = AccelTrial(cfg, output_dir, build_run, judge_in_run=not getattr(bench, "tunes_accel", False))
-                tuned = trial.run()  # times the candidates, prints the table
-                cfg = with_accel(cfg, trial.chosen)
-            run = build_run(cfg, output_dir)
+            trial = AccelTrial(cfg, output_dir, build_run, judge_in_run=not getattr(bench, "tunes_accel", False),
+                               live_in_run=not OmegaConf.select(cfg, "bench.profile"))
+            tuned = trial.run()  # times the candidates, prints the table
+            run = build_run(with_accel(cfg, trial.chosen), output_dir)
             run.job = job
-            if trial is not None:
-                run.autotune, run.started = tuned, started  # the run's wall time includes its trial
-            return bench.run(run)
+            run.autotune, run.started = tuned, started  # the run's wall time includes its trial
+            attempt = time.monotonic()
+            try:
+                return bench.run(run)
+            except RetuneBeforeRun as again:  # the loader bounds the run's first steps: its knobs need trials
+                print(f"accel trial: {again.reason}; the run starts again after them", flush=True)
+                again.spent_s = time.monotonic() - attempt  # the whole attempt: built, started, its steps
+                _drop_attempt_logs(again.log_dir, output_dir)
+                del run
+                tuned = trial.run(retune=again)
+                run = build_run(with_accel(cfg, trial.chosen), output_dir)
+                run.job = job
+                run.autotune, run.started = tuned, started
+                return bench.run(run)
     except Interrupted as stop:
         _exit_interrupted(stop)
     except KeyboardInterrupt:  # SIGINT before the handler was installed, or from a library's own handler

@@ -118,6 +118,7 @@ class AccelConfig:
     auto_steps: int = MISSING
     auto_warmup_steps: Any = MISSING     # a whole number or auto
     auto_margin: float = MISSING
+    auto_in_run: Any = MISSING           # auto | true | false: live knobs timed on the run's own steps
     threads: Any = MISSING               # default | auto | a whole number: the thread budget
 
 

@@ -499,3 +499,36 @@ def test_a_candidate_shares_an_image_cache_only_when_it_holds_the_same_files(dri
     third.datamodule.setup("fit")
     own = third.datamodule.transform.image_cache
     assert own is not other and own is not cache and own.keys == cache.keys
+
+
+def test_live_knobs_are_timed_on_the_run_and_a_waiting_loader_restarts_it_after_loader_trials(drivebench_cache, tmp_path,
+                                                                                              capsys):
+    """``accel.auto_in_run=true`` on the CPU: nothing but the loader's stages needs a short fit, so the run starts at
+    once; its first segment waits for the slow loader, so it stops, the loader's stages get their short fits, and the
+    run starts again from step 0, timing precision (the CPU's live knob) on its own steps."""
+    from drivebench.app import main
+
+    cfg = _cfg(drivebench_cache, tmp_path, "accel.num_workers=0", "accel.auto_in_run=true", "accel.auto_numerics=true",
+               "bench.steps=14", "bench.warmup_steps=1", "bench.ceiling=false", "bench.val_batches=0",
+               "accel.auto_budget_s=30", sleep_s=0.15)
+    summary = main(cfg)
+    out = capsys.readouterr().out
+    block = summary["autotune"]
+    assert "the run starts again after them" in out and "on the run's own steps: 2 segments" in out
+    assert block["retuned"]["steps"] == 6 and "waiting for data" in block["retuned"]["reason"]
+    short = [r for r in block["trials"] if r["where"] == "trial"]
+    in_run = [r for r in block["trials"] if r["where"] == "run"]
+    assert short[0]["change"] == "base" and short[0]["setting"]["num_workers"] == 0
+    assert block["chosen"]["num_workers"] >= 1, render_trials(block)
+    assert [r["stage"] for r in in_run] == ["base", "precision"], render_trials(block)
+    assert in_run[0]["setting"]["num_workers"] == block["chosen"]["num_workers"]
+    # the run after the restart trained its whole schedule from step 0; its statistics exclude the trial's steps
+    assert summary["train"]["steps_total"] == 15
+    segments = block["in_run_trial"]["steps"]  # 2 warm-up + 4 measured each, 2 + 3 for one stopped as far slower
+    assert segments in (11, 12) and summary["train"]["steps_measured"] == 15 - segments - 1
+    # the cost: the lost attempt, the short fits, and what the segments took beyond the choice
+    assert block["cost_s"] == pytest.approx(block["retuned"]["lost_s"] + sum(r["cost_s"] for r in short)
+                                            + block["in_run_trial"]["excess_s"], abs=1.0)
+    assert summary["settings"]["accel"]["precision"] == block["chosen"]["precision"]
+    events = list((tmp_path / "run").rglob("events.out.tfevents.*"))
+    assert len(events) == 1  # the stopped attempt's TensorBoard file is gone: the run logs from step 0 once

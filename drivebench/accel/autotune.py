@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Generator, Mapping, Sequence
 
 OK, FAILED, CUT, SKIPPED, IN_RUN = "ok", "failed", "cut", "skipped", "in run"
 SLOWER_STOP = 5.0  # a candidate stops early once its median is over (1 + SLOWER_STOP * margin) x the incumbent's
@@ -80,6 +80,7 @@ class Stage:
     bound_by: str | None = None     # skip when the incumbent shows this share of the step below the margin
     ordered: bool = False           # a count (workers, prefetch): the largest first, then down while it pays
     in_run: bool = False            # decided on the run's own steps, not timed in the trial (compile)
+    live: bool = False              # switchable between two steps of one fit (timed on the run's own steps)
 
 
 @dataclass
@@ -123,6 +124,8 @@ class Trial:
     warmup_steps_s: list[list[float]] | None = None  # [step s, data wait s] per warm-up step: what a start costs
     reason: str | None = None       # why it failed, was cut or skipped
     chosen: bool = False            # the setting the run then trains with (one row)
+    where: str = "trial"            # "trial": a short training of its own; "run": segments of the run's own steps
+
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -164,16 +167,17 @@ def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], l
           bound_by=LOADER_BOUND)
     # compute knobs: max's value on this machine first (what the trial's eager steps cannot judge for the
     # compiled run, a tie keeps); activation checkpointing: upstream's (keep) first, as max keeps it unless it fits
-    stage("cuda_graphs", ("on", "off"), no_gpu or caps.cuda_graphs)
+    stage("cuda_graphs", ("on", "off"), no_gpu or caps.cuda_graphs, live=True)
     stage("activation_checkpointing", ("keep", "off"),
           "" if caps.checkpointed else "the model does not checkpoint activations")
     numerics = "" if auto_numerics else "accel.auto_numerics=false (the number format stays fp32)"
     bf16 = "" if (caps.bf16 or not caps.on_gpu) else "the GPU has no bf16"
-    stage("precision", ("bf16-mixed", "32-true") if caps.on_gpu else ("32-true", "bf16-mixed"), numerics or bf16)
-    stage("tf32", (True, False), numerics or no_gpu)
+    stage("precision", ("bf16-mixed", "32-true") if caps.on_gpu else ("32-true", "bf16-mixed"), numerics or bf16,
+          live=True)
+    stage("tf32", (True, False), numerics or no_gpu, live=True)
     convs = "" if caps.convolutions else "the model has no convolutions"
-    stage("channels_last", (True, False), no_gpu or convs)
-    stage("cudnn_benchmark", (True, False), no_gpu or convs)
+    stage("channels_last", (True, False), no_gpu or convs, live=True)
+    stage("cudnn_benchmark", (True, False), no_gpu or convs, live=True)
     stage("pin_memory", (True, False), no_gpu, bound_by=H2D_BOUND)
     stage("fused_optimizer", (True, False), no_gpu or caps.fused_optimizer)
     compile_why = ("inductor's CPU compile takes minutes (accel.compile auto = GPUs only)" if not caps.on_gpu
@@ -253,6 +257,16 @@ class SearchResult:
         return {k: v for k, v in self.chosen.items() if base.get(k) != v}
 
 
+@dataclass(frozen=True)
+class Request:
+    """What the search asks to be measured next: ``setting`` (accel overrides), with ``seconds_left`` of the
+    budget, stopped after ``SLOWER_AFTER`` measured steps once their median is over ``stop_above_s``."""
+
+    setting: dict[str, Any]
+    seconds_left: float
+    stop_above_s: float | None
+
+
 def search(base: Mapping[str, Any], stages: Sequence[Stage],
            measure: Callable[[dict[str, Any], float, float | None], Measurement],
            budget_s: float, margin: float, not_allowed: Sequence[dict[str, str]] = (),
@@ -264,6 +278,21 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage],
     median is over ``stop_above_s`` (None: never); it returns a :class:`Measurement` (``error`` set
     when it raised). Stages marked ``in_run`` are not measured: they get an ``in run`` row.
     """
+    steps = search_steps(base, stages, budget_s, margin, not_allowed, clock)
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(measure(dict(request.setting), request.seconds_left, request.stop_above_s))
+    except StopIteration as done:
+        return done.value
+
+
+def search_steps(base: Mapping[str, Any], stages: Sequence[Stage], budget_s: float, margin: float,
+                 not_allowed: Sequence[dict[str, str]] = (), clock: Callable[[], float] = time.monotonic,
+                 where: str = "trial") -> Generator[Request, Measurement, SearchResult]:
+    """:func:`search` as a generator: it yields each :class:`Request` and is sent its :class:`Measurement`,
+    so a caller that cannot call back (the run's own training loop, ``drivebench.accel.in_run_trial``)
+    can drive it one step boundary at a time. Its rows carry ``where``."""
     start = clock()
     trials: list[Trial] = []
     stopped = False
@@ -271,9 +300,9 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage],
     def left() -> float:
         return budget_s - (clock() - start)
 
-    def run_trial(stage: str, change: str, setting: dict[str, Any]) -> Trial:
+    def run_trial(stage: str, change: str, setting: dict[str, Any]) -> Generator[Request, Measurement, Trial]:
         nonlocal stopped
-        trial = Trial(stage=stage, change=change, setting=dict(setting))
+        trial = Trial(stage=stage, change=change, setting=dict(setting), where=where)
         costs = [t.cost_s for t in trials if t.status in (OK, FAILED, CUT) and t.cost_s > 0]
         typical = sorted(costs)[len(costs) // 2] if costs else 0.0
         remaining = left()
@@ -285,7 +314,7 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage],
             return trial
         reference = next((t.step_s_median for t in trials if t.chosen), None)  # the incumbent's
         stop_above = reference * (1.0 + SLOWER_STOP * margin) if reference else None
-        m = measure(dict(setting), remaining, stop_above)
+        m = yield Request(dict(setting), remaining, stop_above)
         trial.cost_s = m.cost_s
         trial.cost_split = dict(m.cost_split) or None
         trial.warmup_steps_s = [list(pair) for pair in m.warmup_steps_s] or None
@@ -306,7 +335,7 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage],
         trials.append(trial)
         return trial
 
-    incumbent = run_trial("base", "base", dict(base))
+    incumbent = yield from run_trial("base", "base", dict(base))
     incumbent.chosen = True
     for stage in stages:
         current = incumbent.setting.get(stage.knob, base.get(stage.knob))
@@ -336,7 +365,7 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage],
         for value in _trial_order(stage, current):
             if value in in_stage:
                 continue
-            trial = run_trial(stage.knob, _label(stage.knob, value), {**incumbent.setting, stage.knob: value})
+            trial = yield from run_trial(stage.knob, _label(stage.knob, value), {**incumbent.setting, stage.knob: value})
             in_stage[value] = trial
             if trial.status == SKIPPED:
                 break
@@ -355,7 +384,7 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage],
         for stage in stages:
             if stage.knob not in reached and not stage.in_run:
                 trials.append(Trial(stage=stage.knob, change=f"{stage.knob}: not tried", setting=dict(incumbent.setting),
-                                    status=SKIPPED, reason=f"budget: accel.auto_budget_s={budget_s:g} spent"))
+                                    status=SKIPPED, reason=f"budget: accel.auto_budget_s={budget_s:g} spent", where=where))
     # the preset's own trial failed or was cut (a loaded machine, a tiny budget): the run trains with the
     # preset, and no row is marked chosen, since a cut trial is never chosen
     incumbent.chosen = incumbent.status == OK
@@ -366,5 +395,7 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage],
         trials.append(Trial(stage=knob, change=_label(knob, value), setting={**chosen, knob: value}, status=IN_RUN,
                             reason="judged on the run's own first steps against the chosen row (a cold compile "
                                    "takes minutes: tried here, the run would pay it again)"))
+    for trial in trials:  # the rows not measured say where they would have been; compile's is the run's
+        trial.where = "run" if trial.status == IN_RUN else where
     return SearchResult(chosen=chosen, trials=trials, not_allowed=list(not_allowed), cost_s=clock() - start,
                         stopped_by_budget=stopped, in_run=in_run if incumbent.status == OK else [])

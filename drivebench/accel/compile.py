@@ -129,8 +129,10 @@ def compile_time_report(counters: Any) -> dict[str, Any]:
     return report
 
 
-def to_channels_last(net: nn.Module) -> None:
-    """NHWC memory format for convolutional parts (no-op for models without 4-D conv weights)."""
+def to_channels_last(net: nn.Module, on: bool = True) -> None:
+    """NHWC memory format for convolutional parts (no-op for models without 4-D conv weights); ``on=False``
+    back to the default (NCHW). In place: the parameters stay the optimizer's."""
+    memory_format = torch.channels_last if on else torch.contiguous_format
     for module in net.modules():
         if isinstance(module, nn.Conv2d):
-            module.to(memory_format=torch.channels_last)
+            module.to(memory_format=memory_format)

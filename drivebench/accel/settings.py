@@ -63,6 +63,7 @@ class AccelSettings:
     auto_steps: int = 10           # measured steps per candidate
     auto_warmup_steps: int = 5     # steps per candidate before those (compile, graph capture, workers starting)
     auto_margin: float = 0.05      # a gain under this share of the step is noise: the simpler setting stays
+    auto_in_run: Any = "auto"       # live knobs timed on the run's own first steps: auto (on GPUs) | True | False
 
     @classmethod
     def resolve(cls, cfg: Mapping[str, Any], machine: MachineInfo, processes: int | None = None) -> "AccelSettings":
@@ -149,6 +150,9 @@ class AccelSettings:
             raise ConfigError(f"accel.auto_margin={margin!r} is not valid; use a fraction of the step in [0, 1), e.g. 0.05")
         if isinstance(cfg["auto_steps"], bool) or not isinstance(cfg["auto_steps"], int) or cfg["auto_steps"] < 1:
             raise ConfigError(f"accel.auto_steps={cfg['auto_steps']!r} is not valid; use a whole number >= 1")
+        in_run = cfg.get("auto_in_run", "auto")
+        if in_run != "auto" and not isinstance(in_run, bool):
+            raise ConfigError(f"accel.auto_in_run={in_run!r} is not valid; use auto (on GPUs), true or false")
         persistent = flag("persistent_workers", num_workers > 0)
         if num_workers == 0:
             persistent, prefetch = False, None  # torch rejects these without workers: a no-op here
@@ -184,6 +188,7 @@ class AccelSettings:
             auto_steps=cfg["auto_steps"],
             auto_warmup_steps=count("auto_warmup_steps", 5),
             auto_margin=float(margin),
+            auto_in_run=cfg.get("auto_in_run", "auto"),
         )
 
     def numerics_changes(self, compiles: bool | None = None, decodes_on_device: bool | None = None) -> list[str]:
@@ -280,9 +285,8 @@ class AccelSettings:
 
     def apply_global_flags(self) -> None:
         """Process-wide torch switches (matmul precision, cuDNN autotuning)."""
-        torch.set_float32_matmul_precision("high" if self.tf32 else "highest")
-        torch.backends.cudnn.allow_tf32 = self.tf32
-        torch.backends.cudnn.benchmark = self.cudnn_benchmark
+        set_tf32(self.tf32)
+        set_cudnn_benchmark(self.cudnn_benchmark)
 
     def loader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.utils.data.DataLoader``."""
@@ -297,3 +301,15 @@ class AccelSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def set_tf32(on: bool) -> None:
+    """``accel.tf32``: TF32 tensor cores for fp32 matmuls and convolutions, process-wide (also switched between
+    two steps by ``accel=auto``'s trial on the run's own steps)."""
+    torch.set_float32_matmul_precision("high" if on else "highest")
+    torch.backends.cudnn.allow_tf32 = bool(on)
+
+
+def set_cudnn_benchmark(on: bool) -> None:
+    """``accel.cudnn_benchmark``: cuDNN times its algorithms per input shape and keeps the fastest."""
+    torch.backends.cudnn.benchmark = bool(on)

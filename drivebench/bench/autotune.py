@@ -27,7 +27,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from drivebench.accel.autotune import (IN_RUN, SKIPPED, SLOWER_AFTER, Capabilities, Measurement, SearchResult, plan_stages, search)
+from drivebench.accel.autotune import (IN_RUN, SKIPPED, SLOWER_AFTER, Capabilities, Measurement, SearchResult, Stage,
+                                       plan_stages, search)
 from drivebench.accel.compile import compile_units
 from drivebench.accel.cuda_graphs import settle_cuda_graphs
 from drivebench.accel.gc_freeze import FreezeHeap
@@ -106,11 +107,13 @@ class AccelTrial:
         report: where the table goes (default: printed).
         share_loaders: a candidate with the previous one's loader settings takes over its running workers
             (False: each starts its own, the baseline of ``scripts/bench_trial_reuse.py``).
+        live_in_run: the live stages may be timed on the run's own steps where ``accel.auto_in_run`` says so
+            (False: in short fits, as every stage; ``bench.profile`` schedules its steps from the run's start).
     """
 
     def __init__(self, cfg: DictConfig, output_dir: Path, build_run: Callable[..., Any],
                  report: Callable[[str], None] | None = None, judge_in_run: bool = True,
-                 share_loaders: bool = True) -> None:
+                 share_loaders: bool = True, live_in_run: bool = True) -> None:
         if cfg.dist.get("strategy") == "ddp":
             raise ConfigError(f"accel.auto_trial=true (accel={cfg.accel.name}) runs its trial in one process and "
                               f"dist={cfg.dist.name} starts several; use dist=single, or run bench=autotune once and "
@@ -124,6 +127,7 @@ class AccelTrial:
         self._prebuilt: tuple[dict[str, Any], Any] | None = None
         self.chosen: dict[str, Any] = {}
         self.judge_in_run = judge_in_run  # False under bench=autotune: no run follows to judge compile on
+        self.live_in_run = live_in_run  # False under bench.profile: its steps are scheduled from the run's start
         self._image_cache: Any = None  # the base candidate's decoded camera images, shared with the others
         self.image_cache_reused = 0
         self._live: tuple[str, Any] | None = None  # (loader key, the last candidate's running training stream)
@@ -265,7 +269,14 @@ class AccelTrial:
             return f"trainer.gradient_clip_val={clip:g} under mixed precision: Lightning cannot clip with a fused optimizer"
         return ""
 
-    def run(self) -> dict[str, Any]:
+    def run(self, retune: Any = None) -> dict[str, Any]:
+        """Time the candidates and choose; return the summary's ``autotune`` block.
+
+        With the live stages on the run's own steps (``accel.auto_in_run``), only the stages that cannot
+        switch inside a fit get short fits here, and none at all when those are only the loader's (gated by
+        the run's first segment). ``retune``: the run stopped on its first segment because the loader bounds
+        it (``RetuneBeforeRun``, with what that attempt cost): the loader's stages get their short fits now.
+        """
         accel = self.cfg.accel
         t0 = time.monotonic()
         base_run = self.build_run(self.cfg, self._trial_dir(), progress=True)
@@ -278,8 +289,21 @@ class AccelTrial:
         self._image_cache = getattr(base_run.datamodule.transform, "image_cache", None)
         del base_run
         stages, not_allowed = plan_stages(caps, bool(accel.auto_numerics))
+        in_run = self.judge_in_run and self.live_in_run and (
+            accel.auto_in_run is True or (accel.auto_in_run == "auto" and caps.on_gpu))
+        live = [st for st in stages if st.live or st.in_run] if in_run else []
+        short = [st for st in stages if st not in live]
+        gated: dict[str, str] = {}
+        if in_run and retune is None and all(st.bound_by for st in short):
+            gated = {st.knob: str(st.bound_by) for st in short}  # tried only if the run's first steps wait for them
+            short = []
         try:
-            result = search(base, stages, self.measure, float(accel.auto_budget_s), float(accel.auto_margin), not_allowed)
+            if short or not in_run:
+                result = search(base, short, self.measure, float(accel.auto_budget_s), float(accel.auto_margin),
+                                not_allowed)
+            else:
+                result = SearchResult(chosen=dict(base), trials=[], not_allowed=list(not_allowed), cost_s=0.0,
+                                      stopped_by_budget=False)
         finally:
             self.close()
         self._prebuilt, self._image_cache = None, None
@@ -289,15 +313,33 @@ class AccelTrial:
             raise ConfigError(f"accel={accel.name}: the trial of the preset's own setting failed ({result.trials[0].reason}); "
                               "nothing to compare against")
         eager = dict(result.chosen)
-        in_run = self._in_run_setting(result, caps, eager)
-        self.chosen = {**eager, **in_run}
+        if in_run:
+            compile_setting = self._compile_setting(caps, eager) if any(st.in_run for st in live) else {}
+            self.chosen = {**eager, **compile_setting}
+        else:
+            compile_setting = self._in_run_setting(result, caps, eager)
+            self.chosen = {**eager, **compile_setting}
         block = self.summary(result, base, caps, prepare_s)
         eager_row = next((t for t in result.trials if t.chosen), None)
         block.update(chosen=dict(self.chosen), changed={k: v for k, v in self.chosen.items() if base.get(k) != v},
-                     eager_choice=eager, in_run=in_run,
+                     eager_choice=eager, in_run=compile_setting,
                      eager_step_s=eager_row.step_s_median if eager_row is not None else None)
+        if retune is not None:
+            block["cost_s"] += retune.spent_s
+            block["retuned"] = {"reason": retune.reason, "lost_s": retune.spent_s, "steps": retune.steps}
+        if in_run:
+            block["in_run_trial"] = {"pending": True, "stages": [asdict(st) for st in live], "start": eager,
+                                     "gated": gated, "compile_setting": compile_setting}
         self.report(render_trials(block))
         return block
+
+    def _compile_setting(self, caps: Capabilities, eager: dict[str, Any]) -> dict[str, Any]:
+        """What the run is built with for compile's judgement: compile, and CUDA graphs where the model allows
+        them (compiled kernels are launched one by one too)."""
+        setting: dict[str, Any] = {"compile": True}
+        if not caps.cuda_graphs and eager.get("cuda_graphs") != "on":
+            setting["cuda_graphs"] = "on"
+        return setting
 
     def _in_run_setting(self, result: SearchResult, caps: Capabilities, eager: dict[str, Any]) -> dict[str, Any]:
         """What the run starts with on top of the eager choice, to be judged on its own steps: compile, with
@@ -309,9 +351,7 @@ class AccelTrial:
             row.status, row.reason = SKIPPED, ("bench=autotune trains no run: under accel=auto the run starts "
                                                  "compiled and keeps compile only if its own steps are faster")
             return {}
-        setting: dict[str, Any] = {"compile": True}
-        if not caps.cuda_graphs and eager.get("cuda_graphs") != "on":
-            setting["cuda_graphs"] = "on"
+        setting = self._compile_setting(caps, eager)
         row.setting = {**eager, **setting}
         row.change = ", ".join(f"{k}={v}" for k, v in setting.items())
         return setting
@@ -355,14 +395,16 @@ def _ms(value: float | None) -> str:
 
 def render_trials(block: dict[str, Any]) -> str:
     """The trial table as printed at the start of the run."""
-    rows = [("stage", "candidate", "status", "step ms median [p10-p90]", "data wait", "cost s", "note")]
+    rows = [("stage", "candidate", "timed on", "status", "step ms median [p10-p90]", "data wait", "cost s", "note")]
     for t in block["trials"]:
         spread = (f"{_ms(t['step_s_median'])} [{_ms(t['step_s_p10'])}-{_ms(t['step_s_p90'])}]"
                   if t["step_s_median"] is not None else "")
         wait = f"{t['data_wait_fraction']:.0%}" if t["data_wait_fraction"] is not None else ""
         status = t["status"] + (" <- chosen" if t["chosen"] else "")
-        rows.append((t["stage"], t["change"], status, spread, wait, f"{t['cost_s']:.1f}" if t["cost_s"] else "",
-                     (t["reason"] or "")[:110]))
+        timed = "" if t["status"] in (SKIPPED, IN_RUN) and not t["step_s_median"] else (
+            "run steps" if t.get("where") == "run" else "own fit")
+        rows.append((t["stage"], t["change"], timed, status, spread, wait, f"{t['cost_s']:+.1f}" if t.get("where") == "run"
+                     and t["cost_s"] else f"{t['cost_s']:.1f}" if t["cost_s"] else "", (t["reason"] or "")[:110]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     changed = ", ".join(f"{k}={v}" for k, v in block["changed"].items()) or "nothing: the preset's own values"
@@ -374,18 +416,40 @@ def render_trials(block: dict[str, Any]) -> str:
     split = block.get("cost_split") or {}
     spent = ([f"  the candidates' cost: " + ", ".join(f"{k} {v:.1f} s" for k, v in split.items())
               + " (steps: the measured ones)"] if split else [])
+    live = block.get("in_run_trial") or {}
+    if live.get("pending"):
+        spent.append("  timed next, on the run's own first steps: " + ", ".join(st["knob"] for st in live["stages"]))
+    elif live:
+        spent.append(f"  on the run's own steps: {live['segments']} segments, {live['steps']} steps in {live['wall_s']:.1f} s, "
+                     f"{live['excess_s']:+.1f} s beyond the same steps at the choice (the cost of those rows)")
+    if block.get("retuned"):
+        spent.append(f"  restarted: {block['retuned']['reason']} ({block['retuned']['lost_s']:.1f} s lost)")
     return "\n".join([rule, head, rule, *lines, *not_allowed, *spent, rule])
 
 
-def in_run_judge(run: Any, timer: StepTimer) -> pl.Callback | None:
-    """The run's :class:`~drivebench.accel.compile_judge.CompileJudge` when ``accel=auto`` left compile
-    to the run's own steps (``autotune.in_run``), else None."""
+def in_run_judge(run: Any, timer: StepTimer, on_chosen: Callable[[dict[str, Any]], None] | None = None) -> pl.Callback | None:
+    """What ``accel=auto`` left to the run's own steps (``autotune``): the live stages and compile
+    (:class:`~drivebench.accel.in_run_trial.InRunTrial`), or compile alone
+    (:class:`~drivebench.accel.compile_judge.CompileJudge`); None when it left nothing."""
     block = run.autotune
-    if not block or not (block.get("in_run") or {}).get("compile") or block.get("eager_step_s") is None:
+    if not block:
+        return None
+    units = compile_units(run.module.net)
+    plan = block.get("in_run_trial") or {}
+    if plan.get("pending"):
+        from drivebench.accel.in_run_trial import InRunTrial
+
+        accel = run.accel
+        stages = [Stage(**{**st, "values": tuple(st["values"])}) for st in plan["stages"]]
+        built = {knob: getattr(accel, knob) for knob in ("precision", "tf32", "channels_last", "cudnn_benchmark")}
+        built["cuda_graphs"] = "on" if getattr(run.module, "graphed_loss", None) is not None else "off"
+        return InRunTrial(timer, stages, plan["start"], built, block, margin=float(block["margin"]),
+                          steps=int(block["steps"]), warmup=int(block["warmup_steps"]), budget_s=float(block["budget_s"]),
+                          units=units, compile_setting=plan["compile_setting"], gated=plan["gated"], on_chosen=on_chosen)
+    if not (block.get("in_run") or {}).get("compile") or block.get("eager_step_s") is None:
         return None
     from drivebench.accel.compile_judge import CompileJudge
 
-    units = compile_units(run.module.net)
     graphs_back = (block.get("eager_choice") or {}).get("cuda_graphs") == "on"
     return CompileJudge(timer, units, block["eager_step_s"], float(block["margin"]), int(block["steps"]),
                         graphs_after_revert=graphs_back, record=block)

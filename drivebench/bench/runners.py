@@ -12,6 +12,8 @@ front of every tag (:mod:`drivebench.bench.phase_logger`): one TensorBoard event
 
 from __future__ import annotations
 
+import dataclasses
+
 import datetime as dt
 import logging
 import math
@@ -235,6 +237,10 @@ class TrainBench:
             if verdict.get("kept") is False and accel is not None:  # trained eagerly after that step
                 accel.update({k: v for k, v in run.autotune["eager_choice"].items() if k in ("compile", "cuda_graphs")})
                 summary["settings"]["compile_undone_at_step"] = verdict["judged_at_step"]
+            in_run = run.autotune.get("in_run_trial") or {}
+            if accel is not None and in_run and not in_run.get("pending"):  # live knobs chosen on the run's steps
+                accel.update({k: v for k, v in run.autotune["chosen"].items() if k in accel})
+                summary["settings"]["numerics_changed_by"] = self._numerics_changes(run)
 
     def _interrupted(self, run: Run, logger: Any, summary: dict[str, Any], signum: int) -> Interrupted:
         """The end of a run stopped by ``signum``: the summary (``status: interrupted``, the step reached, the
@@ -287,7 +293,8 @@ class TrainBench:
         freeze = FreezeHeap() if run.accel.gc_freeze else None
         from drivebench.bench.autotune import in_run_judge  # the benches are imported by it
 
-        judge = in_run_judge(run, timer)  # accel=auto: compile kept or undone on this run's own steps
+        # accel=auto: the live knobs timed on this run's own first steps, then compile kept or undone on them
+        judge = in_run_judge(run, timer, on_chosen=lambda live: _adopt_live_knobs(run, live))
         # the profiler before the timer: its trace export then falls into a profiled (excluded) step
         callbacks: list[pl.Callback] = (([freeze] if freeze else []) + ([profiler] if profiler else []) + [timer]
                                         + ([judge] if judge else []) + configured_callbacks(run))
@@ -454,6 +461,13 @@ class TrainBench:
         }
 
     # ---- summary head ------------------------------------------------------------------------
+    @staticmethod
+    def _numerics_changes(run: Run) -> list[str]:
+        return run.accel.numerics_changes(
+            compiles=bool(run.compiled_units), decodes_on_device=run.datamodule.device_transform is not None
+            and hasattr(run.datamodule.transform, "device_transform_for"),  # a camera pipeline's decode
+        ) + (run.threads.numerics_changes() if run.threads is not None else [])
+
     def _base_summary(self, run: Run) -> dict[str, Any]:
         cfg = run.cfg
         return {
@@ -470,10 +484,7 @@ class TrainBench:
             "machine": {**run.machine.to_dict(), "run_dir_filesystem": filesystem_of(run.output_dir)},
             "settings": {
                 "accel": run.accel.to_dict(),
-                "numerics_changed_by": run.accel.numerics_changes(
-                    compiles=bool(run.compiled_units), decodes_on_device=run.datamodule.device_transform is not None
-                    and hasattr(run.datamodule.transform, "device_transform_for"),  # a camera pipeline's decode
-                ) + (run.threads.numerics_changes() if run.threads is not None else []),
+                "numerics_changed_by": self._numerics_changes(run),
                 "cuda_graphs": {"status": run.cuda_graphs},
                 "fused_optimizer": run.fused_optimizer,
                 "activation_checkpointing": run.activation_checkpointing,
@@ -533,3 +544,12 @@ class LoaderBench(TrainBench):
     runs_training = False
     runs_ceiling = False
     runs_loader = True
+
+
+def _adopt_live_knobs(run: Run, live: dict[str, Any]) -> None:
+    """``accel=auto``'s live knobs as its trial on the run's own steps chose them: the settings of the phases
+    after training (the ceiling's and validation's Trainers take precision and cuDNN autotuning from
+    ``run.accel``) and of the summary."""
+    fields = {k: v for k, v in live.items() if k in ("precision", "tf32", "channels_last", "cudnn_benchmark")}
+    if fields:
+        run.accel = dataclasses.replace(run.accel, **fields)

@@ -67,6 +67,7 @@ from drivebench.bench.autotune import render_trials
 a = json.load(open(sys.argv[1]))["autotune"]
 print(render_trials(a)); print("  cost_s", a.get("cost_s"), "fraction", a.get("cost_fraction_of_run"))
 print("  compile in run:", a.get("compile_in_run"), "| trained with:", a.get("chosen"))
+print("  on the run's steps:", a.get("in_run_trial"), "| restarted:", a.get("retuned"))
 for t in a["trials"]:
     if t.get("cost_split"):
         print(f"  split {t['change'][:28]:28s}", " ".join(f"{k}={v:.2f}" for k, v in t["cost_split"].items()),

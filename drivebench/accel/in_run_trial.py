@@ -1,0 +1,305 @@
+"""``accel=auto``'s live stages, timed on the run's own first steps.
+
+Why: a candidate trained as a short fit of its own pays a build, a Trainer start, warm-up steps and a
+teardown before and after a few measured steps (MapTR on an H200: ~7.6 s a candidate, five of them 26% of
+a bounded run). The knobs that can change between two steps of one fit (CUDA graphs, precision, TF32,
+channels-last, cuDNN autotuning) need none of that: each of their candidates is a *segment* of the run's
+own first steps, ``accel.auto_warmup_steps`` after the switch and ``accel.auto_steps`` measured, with the
+same greedy search and margin (``drivebench.accel.autotune.search_steps``, driven one step boundary at a
+time). Those steps train the run, so the trial costs what its segments took beyond the same steps at the
+setting finally chosen (a slower candidate's extra time, a capture, an autotuning), not the steps
+themselves. The step timer counts every trial step as warm-up, so the run's statistics hold only steps
+at the chosen setting.
+
+Then compile, as before (``drivebench.accel.compile_judge``): the run was built compiled, its compiled
+calls set aside during the segments; they come back (with CUDA graphs where the model allows them) and
+:class:`~drivebench.accel.compile_judge.CompileJudge` keeps or undoes them on the next measured steps.
+
+What cannot switch inside a fit (the loader's knobs, activation checkpointing, the fused optimizer) is
+tried before the run in short fits (``drivebench.bench.autotune``). The loader's knobs matter only when
+the loader bounds the step: so when nothing else needs a short fit, the run starts at once, and if its
+first segment waits for data (or for the copy to the device) for at least the margin of a step, it stops
+there with :class:`RetuneBeforeRun` and starts again after trials of those knobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from typing import Any, Callable, Generator, Sequence
+
+import lightning.pytorch as pl
+from torch import nn
+
+from drivebench.accel.autotune import (CUT, IN_RUN, LOADER_BOUND, OK, SKIPPED, SLOWER_AFTER, Measurement, Request,
+                                       SearchResult, Stage, search_steps)
+from drivebench.accel.compile import to_channels_last
+from drivebench.accel.compile_judge import CompileJudge
+from drivebench.accel.settings import set_cudnn_benchmark, set_tf32
+from drivebench.perf.callback import PhaseTimes, StepRecord, StepTimer
+from drivebench.perf.summary import phase_stats
+
+log = logging.getLogger("drivebench")
+LIVE_KNOBS = ("cuda_graphs", "precision", "tf32", "channels_last", "cudnn_benchmark")
+ALL_WARMUP = 1 << 62  # the step timer's warm-up while the segments run: none of their steps is measured
+
+
+class RetuneBeforeRun(RuntimeError):
+    """The run's first segment showed the loader (or the copy to the device) bounding the step: its knobs
+    need short fits of their own, so the run stops here and starts again after them (``app.main``)."""
+
+    def __init__(self, reason: str, spent_s: float, steps: int, log_dir: str | None) -> None:
+        super().__init__(reason)
+        self.reason, self.spent_s, self.steps, self.log_dir = reason, spent_s, steps, log_dir
+
+
+def precision_plugin(value: str, device_type: str) -> Any:
+    """Lightning's precision plugin for ``accel.precision=value`` (what ``Trainer(precision=...)`` builds)."""
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+    if value == "32-true":
+        return Precision()
+    if value in ("bf16-mixed", "16-mixed"):
+        return MixedPrecision(value, device_type)
+    raise ValueError(f"accel.precision={value!r} cannot be switched inside a fit")
+
+
+def switch(knob: str, value: Any, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+    """Set one live knob between two steps of a running fit."""
+    if knob == "tf32":
+        set_tf32(bool(value))
+    elif knob == "cudnn_benchmark":
+        set_cudnn_benchmark(bool(value))
+    elif knob == "channels_last":
+        to_channels_last(getattr(module, "net", module), on=bool(value))
+    elif knob == "precision":
+        trainer.strategy.precision_plugin = precision_plugin(str(value), module.device.type)
+    elif knob == "cuda_graphs":
+        if value == "on" and getattr(module, "graphed_loss", None) is None:
+            module.enable_cuda_graphs()  # captures at its next step, one graph per padded shape
+        elif value != "on":
+            module.graphed_loss = None
+    else:
+        raise ValueError(f"accel.{knob} cannot be switched inside a fit (live knobs: {', '.join(LIVE_KNOBS)})")
+
+
+@dataclasses.dataclass
+class _Segment:
+    request: Request
+    started: float
+    records: list[StepRecord] = dataclasses.field(default_factory=list)
+
+
+class InRunTrial(pl.Callback):
+    """Time the live stages on the run's first steps, then hand compile to a :class:`CompileJudge`.
+
+    Args:
+        timer: the run's step timer (placed before this callback: its record of a step exists when this
+            callback sees the step end).
+        stages: the live stages and the ``in_run`` compile stage (``plan_stages``), in search order.
+        start: the setting the segments start from (the short fits' choice, or the preset's values).
+        built: the live knobs' values the run was built with (what is in effect at its first step).
+        record: the summary's ``autotune`` block, completed in place.
+        units: the compiled modules (``compile_units``): their compiled calls wait until the segments end.
+        compile_setting: what the run starts compiled with ({"compile": True, "cuda_graphs": "on"}).
+        gated: the stages left to short fits if the loader bounds the step (knob -> what bounds it).
+        on_chosen: told the live knobs' chosen values (the run's settings for the phases after training).
+    """
+
+    def __init__(self, timer: StepTimer, stages: Sequence[Stage], start: dict[str, Any], built: dict[str, Any],
+                 record: dict[str, Any], *, margin: float, steps: int, warmup: int, budget_s: float,
+                 units: dict[str, nn.Module], compile_setting: dict[str, Any], gated: dict[str, str] | None = None,
+                 on_chosen: Callable[[dict[str, Any]], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.timer, self.stages, self.start, self.record = timer, list(stages), dict(start), record
+        self.current = {k: v for k, v in built.items() if k in LIVE_KNOBS}
+        self.margin, self.steps, self.warmup, self.budget_s = float(margin), max(int(steps), 1), max(int(warmup), 0), budget_s
+        self.units, self.compile_setting, self.gated = units, dict(compile_setting), dict(gated or {})
+        self.on_chosen, self.clock = on_chosen, clock
+        self.phase = "waiting"  # -> segments -> judging | done
+        self._search: Generator[Request, Measurement, SearchResult] | None = None
+        self._segment: _Segment | None = None
+        self._segments: list[_Segment] = []
+        self._compiled: dict[str, Any] = {}
+        self._run_warmup = timer.warmup_steps
+        self.judge: CompileJudge | None = None
+
+    # ---- Lightning hooks ---------------------------------------------------------------------
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.phase != "waiting":
+            return
+        self._run_warmup = self.timer.warmup_steps
+        self.timer.warmup_steps = ALL_WARMUP
+        for name, unit in self.units.items():  # eager during the segments; compile is judged after them
+            self._compiled[name] = unit._compiled_call_impl
+            unit._compiled_call_impl = None
+        self.phase = "segments"
+        self._search = search_steps(self.start, self.stages, self.budget_s, self.margin, clock=self.clock, where="run")
+        self._begin(next(self._search), trainer, pl_module)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.phase == "judging" and self.judge is not None:
+            self.judge.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            return
+        if self.phase != "segments" or self._segment is None:
+            return
+        segment = self._segment
+        segment.records.append(self.timer.times.records[-1])
+        measured = segment.records[self.warmup:]
+        limit = segment.request.stop_above_s
+        slower = (limit is not None and len(measured) >= SLOWER_AFTER
+                  and statistics.median(r.step_s for r in measured) > limit)
+        late = self.clock() - segment.started >= segment.request.seconds_left
+        if len(measured) >= self.steps or slower or late:
+            self._advance(self._measure(segment, slower), trainer, pl_module)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Training ended during the segments (a run shorter than its trial): the search ends with the
+        segment cut, the run's later phases use what it chose, and compile is not judged."""
+        if self.phase != "segments" or self._search is None:
+            return
+        measurement = self._measure(self._segment, False) if self._segment else Measurement(steps_wanted=self.steps)
+        try:
+            while True:
+                self._search.send(measurement)
+                measurement = Measurement(steps_wanted=self.steps)
+        except StopIteration as done:
+            self._finish(done.value, trainer, pl_module, training_over=True)
+
+    # ---- the segments ------------------------------------------------------------------------
+    def _begin(self, request: Request, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self._apply(request.setting, trainer, module)
+        self._segment = _Segment(request, self.clock())
+        self._segments.append(self._segment)
+
+    def _apply(self, setting: dict[str, Any], trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        changed = [k for k in LIVE_KNOBS if k in setting and self.current.get(k) != setting[k]]
+        for knob in changed:
+            switch(knob, setting[knob], trainer, module)
+            self.current[knob] = setting[knob]
+        graphed = getattr(module, "graphed_loss", None)
+        if graphed is not None and any(k != "cuda_graphs" for k in changed):
+            graphed.release()  # its graphs hold the old kernels (precision, TF32, layout): captured anew next step
+
+    def _measure(self, segment: _Segment, slower: bool) -> Measurement:
+        """The segment's figures, as a short fit of its own would report them (``phase_stats``)."""
+        records = [dataclasses.replace(r, warmup=i < self.warmup, profiled=False) for i, r in enumerate(segment.records)]
+        stats = phase_stats(PhaseTimes("autotune", records=records))
+        step = stats.get("step_s") or {}
+        h2d = (stats.get("h2d_s") or {}).get("mean")
+        return Measurement(
+            steps_measured=int(stats.get("steps_measured", 0)), steps_wanted=self.steps, step_s=dict(step),
+            data_wait_fraction=float(stats.get("data_wait_fraction", float("nan"))),
+            h2d_fraction=(h2d / step["mean"]) if h2d is not None and step.get("mean") else float("nan"),
+            samples_per_s=float((stats.get("samples_per_s_per_step") or {}).get("median", float("nan"))),
+            stopped_slower=slower, cost_s=sum(r.step_s for r in records),
+            warmup_steps_s=[[round(r.step_s, 3), round(r.data_wait_s, 3)] for r in records if r.warmup])
+
+    def _advance(self, measurement: Measurement, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        assert self._search is not None
+        if len(self._segments) == 1 and self.gated:
+            self._retune_if_bound(measurement, trainer)
+        try:
+            request = self._search.send(measurement)
+        except StopIteration as done:
+            self._finish(done.value, trainer, module)
+            return
+        self._begin(request, trainer, module)
+
+    def _retune_if_bound(self, base: Measurement, trainer: pl.Trainer) -> None:
+        """Stop the run when its first segment shows a bound that only knobs of short fits can lift."""
+        for knob, bound in self.gated.items():
+            share = base.data_wait_fraction if bound == LOADER_BOUND else base.h2d_fraction
+            if share is not None and share == share and share >= self.margin:
+                what = "waiting for data" if bound == LOADER_BOUND else "copying to the device"
+                spent = sum(r.step_s for r in self._segments[0].records)
+                log_dir = getattr(trainer.logger, "log_dir", None) if trainer.logger else None
+                raise RetuneBeforeRun(
+                    f"the run's first {len(self._segments[0].records)} steps spent {share:.1%} of their time {what} "
+                    f"(margin {self.margin:.0%}): accel.{knob} and its stage need trials of their own",
+                    spent, len(self._segments[0].records), log_dir)
+
+    # ---- the end of the segments -------------------------------------------------------------
+    def _finish(self, result: SearchResult, trainer: pl.Trainer, module: pl.LightningModule,
+                training_over: bool = False) -> None:
+        self._search, self._segment = None, None
+        chosen = dict(result.chosen)
+        self._apply(chosen, trainer, module)
+        rows = result.trials
+        best = next((t for t in rows if t.chosen and t.status == OK), None)
+        reference = best.step_s_median if best is not None else None
+        excess = self._price_segments(rows, reference)
+        compile_row = next((t for t in rows if t.stage == "compile" and t.status == IN_RUN), None)
+        judged = compile_row is not None and reference is not None and not training_over
+        in_run = dict(self.compile_setting) if judged else {}
+        if judged:
+            if chosen.get("cuda_graphs") == "on":
+                in_run.pop("cuda_graphs", None)  # already replayed: compile alone is what the run adds
+            compile_row.change = ", ".join(f"{k}={v}" for k, v in in_run.items())
+            compile_row.setting = {**chosen, **in_run}
+        elif compile_row is not None:
+            compile_row.status, compile_row.reason = SKIPPED, (
+                "not judged: training ended before the live stages did" if training_over
+                else "not judged: no segment completed to compare it with")
+        block = self.record
+        before = [t for t in block.get("trials", []) if t.get("where") != "run"]
+        block["trials"] = before + [t.to_dict() for t in rows]
+        block["in_run_trial"] = {"segments": len(self._segments), "steps": sum(len(s.records) for s in self._segments),
+                                 "wall_s": sum(r.step_s for s in self._segments for r in s.records),
+                                 "excess_s": excess, "stopped_by_budget": result.stopped_by_budget}
+        block["cost_s"] = float(block.get("cost_s") or 0.0) + excess
+        block["stopped_by_budget"] = bool(block.get("stopped_by_budget")) or result.stopped_by_budget
+        block["eager_choice"] = {**(block.get("eager_choice") or {}), **chosen}
+        block["eager_step_s"] = reference
+        block["in_run"] = in_run
+        block["chosen"] = {**block["eager_choice"], **in_run}
+        base = block.get("base") or {}
+        block["changed"] = {k: v for k, v in block["chosen"].items() if base.get(k) != v}
+        if self.on_chosen is not None:
+            self.on_chosen({k: v for k, v in chosen.items() if k in LIVE_KNOBS})
+        self._report(block)
+        if judged:
+            self._start_compile(trainer, module, block)
+            return
+        # no compile after all: the compiled calls stay set aside, the run goes on with the eager choice
+        block["compile_in_run"] = {"judged": False, "kept": False, "judged_at_step": int(trainer.global_step),
+                                   "eager_step_s": reference, "compiled_step_s": None, "steps": self.steps}
+        self.timer.warmup_steps = len(self.timer.times.records) + self._run_warmup
+        self.phase = "done"
+
+    def _price_segments(self, rows: Sequence[Any], reference: float | None) -> float:
+        """Each timed row's cost: its segment's steps beyond the same number of steps at the chosen setting's
+        median (negative when faster). The run's very first step is left out: process-wide set-up (loader
+        workers starting, cuDNN and cuBLAS handles) that any run pays at its first step, trial or not."""
+        timed = [t for t in rows if t.status in (OK, CUT) and t.where == "run" and t.cost_s]
+        excess = 0.0
+        for index, (row, segment) in enumerate(zip(timed, self._segments)):
+            records = segment.records[1:] if index == 0 else segment.records
+            if reference is None:
+                continue
+            row.cost_s = sum(r.step_s for r in records) - len(records) * reference
+            excess += row.cost_s
+        return excess
+
+    def _start_compile(self, trainer: pl.Trainer, module: pl.LightningModule, block: dict[str, Any]) -> None:
+        """The compiled calls back (with fresh CUDA graphs where compile brings them), warm-up, then the judge."""
+        for name, unit in self.units.items():
+            unit._compiled_call_impl = self._compiled.get(name)
+        graphs_before = self.current.get("cuda_graphs")
+        if block["in_run"].get("cuda_graphs") == "on" or graphs_before == "on":
+            if getattr(module, "graphed_loss", None) is None:
+                module.enable_cuda_graphs()
+            else:
+                module.graphed_loss.release()  # captured around eager kernels: capture the compiled ones anew
+        self.timer.warmup_steps = len(self.timer.times.records) + self._run_warmup
+        self.judge = CompileJudge(self.timer, self.units, float(block["eager_step_s"]), self.margin, self.steps,
+                                  graphs_after_revert=graphs_before == "on", record=block)
+        self.phase = "judging"
+
+    def _report(self, block: dict[str, Any]) -> None:
+        from drivebench.bench.autotune import render_trials  # the benches import this module
+
+        print(render_trials(block), flush=True)

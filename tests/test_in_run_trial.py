@@ -1,0 +1,162 @@
+"""accel=auto's live stages on the run's own steps: segments that train the run, switch knobs between
+two steps, keep the run's statistics to the chosen setting, then hand compile to the judge; a run whose
+first steps wait for the loader stops and starts again after trials of the loader's knobs.
+
+Real fits on the CPU: a small LightningModule with one compiled unit (dynamo's eager backend) and
+precision, the live knob a CPU has (bf16 autocast), switched through Lightning's precision plugin.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+
+from drivebench.accel.autotune import IN_RUN, OK, SKIPPED, Stage, Trial
+from drivebench.accel.in_run_trial import ALL_WARMUP, InRunTrial, RetuneBeforeRun, switch
+from drivebench.perf.callback import StepTimer
+
+STAGES = [Stage("precision", ("32-true", "bf16-mixed"), live=True), Stage("compile", (False, True), in_run=True)]
+BUILT = {"precision": "32-true", "cuda_graphs": "off"}
+
+
+class Tiny(pl.LightningModule):
+    """One compiled Linear; records whether each training step ran under autocast."""
+
+    def __init__(self, compute_s: float = 0.0) -> None:
+        super().__init__()
+        self.compute_s = compute_s  # a step's own work (a sleep): what the loader has to keep up with
+        self.net = nn.Sequential(nn.Linear(8, 8))
+        self.net[0].compile(backend="eager")
+        self.graphed_loss = None
+        self.autocast: list[bool] = []
+
+    def training_step(self, batch, batch_idx):
+        self.autocast.append(torch.is_autocast_enabled("cpu"))
+        time.sleep(self.compute_s)
+        return self.net(batch[0]).float().pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class SlowRows(torch.utils.data.Dataset):
+    def __init__(self, sleep_s: float) -> None:
+        self.sleep_s = sleep_s
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int):
+        time.sleep(self.sleep_s)
+        return (torch.randn(8),)
+
+
+def _fit(tmp_path: Path, max_steps: int, sleep_s: float = 0.0, gated: dict | None = None, stages=STAGES,
+         compute_s: float = 0.0):
+    module = Tiny(compute_s)
+    units = {"net.0": module.net[0]}
+    timer = StepTimer("train", warmup_steps=2)
+    short_fit = Trial(stage="base", change="base", setting=dict(BUILT), step_s_median=0.01, cost_s=1.5, chosen=True)
+    block = {"preset": "auto", "base": dict(BUILT), "margin": 0.05, "budget_s": 60.0, "cost_s": 1.5,
+             "stopped_by_budget": False, "not_allowed": [], "changed": {}, "trials": [short_fit.to_dict()]}
+    chosen_live: list[dict] = []
+    trial = InRunTrial(timer, stages, dict(BUILT), dict(BUILT), block, margin=0.05, steps=4, warmup=1, budget_s=60.0,
+                       units=units, compile_setting={"compile": True}, gated=gated, on_chosen=chosen_live.append)
+    data = torch.utils.data.DataLoader(SlowRows(sleep_s), batch_size=4)
+    trainer = pl.Trainer(max_steps=max_steps, logger=False, callbacks=[timer, trial], enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                         default_root_dir=str(tmp_path))
+    trainer.fit(module, data)
+    return module, timer, trial, block, chosen_live
+
+
+def test_live_stages_run_as_segments_of_the_run_then_compile_is_judged(tmp_path):
+    module, timer, trial, block, chosen_live = _fit(tmp_path, max_steps=24)
+    rows = [r for r in block["trials"] if r["where"] == "run"]
+    assert block["trials"][0]["where"] == "trial" and block["trials"][0]["cost_s"] == 1.5  # the short fits' rows stay
+    assert [r["stage"] for r in rows] == ["base", "precision", "compile"]
+    assert all(r["status"] == OK and r["steps_measured"] == 4 for r in rows[:2])
+    # the second segment (steps 5-9) really ran under bf16 autocast, the first (0-4) did not
+    assert module.autocast[:5] == [False] * 5 and module.autocast[5:10] == [True] * 5
+    chosen = block["eager_choice"]["precision"]
+    assert len(chosen_live) == 1 and chosen_live[0]["precision"] == chosen
+    assert module.autocast[10:] == [chosen == "bf16-mixed"] * (24 - 10)   # the run goes on with the choice
+    assert block["in_run_trial"]["segments"] == 2 and block["in_run_trial"]["steps"] == 10
+    # the run's statistics hold none of the trial's steps: its warm-up starts after them
+    assert timer.warmup_steps == 10 + 2 and all(r.step >= 12 for r in timer.times.measured())
+    assert all(r.warmup for r in timer.times.records[:12])
+    # compile: set aside during the segments, back afterwards, judged on the next measured steps
+    verdict = block["compile_in_run"]
+    assert verdict["judged"] and verdict["judged_at_step"] == 10 + 2 + 4
+    assert (module.net[0]._compiled_call_impl is not None) is verdict["kept"]
+    assert rows[2]["status"] == IN_RUN and rows[2]["setting"]["compile"] is True
+    # the trial's cost: what the segments took beyond the same steps at the chosen median, on top of the
+    # short fits' cost (1.5 s here); the run's first step (its own set-up) is left out
+    excess = sum(r["cost_s"] for r in rows[:2])
+    assert block["in_run_trial"]["excess_s"] == pytest.approx(excess)
+    assert block["cost_s"] == pytest.approx(1.5 + excess)
+    assert block["chosen"].get("compile", False) is verdict["kept"]
+
+
+def test_a_run_shorter_than_its_trial_keeps_what_it_chose_and_judges_no_compile(tmp_path):
+    module, timer, trial, block, _ = _fit(tmp_path, max_steps=7)
+    rows = [r for r in block["trials"] if r["where"] == "run"]
+    assert rows[0]["status"] == OK and rows[1]["status"] == "cut"
+    compile_row = next(r for r in rows if r["stage"] == "compile")
+    assert compile_row["status"] == SKIPPED and "training ended" in compile_row["reason"]
+    assert block["compile_in_run"]["judged"] is False and block["compile_in_run"]["kept"] is False
+    assert module.net[0]._compiled_call_impl is None and "compile" not in block["in_run"]
+    assert block["eager_choice"]["precision"] == "32-true"  # a cut candidate is never chosen
+
+
+def test_a_first_segment_waiting_for_the_loader_stops_the_run_for_loader_trials(tmp_path):
+    with pytest.raises(RetuneBeforeRun) as stop:
+        _fit(tmp_path, max_steps=40, sleep_s=0.01, gated={"num_workers": "data_wait"})
+    assert "accel.num_workers" in stop.value.reason and "waiting for data" in stop.value.reason
+    assert stop.value.steps == 5 and stop.value.spent_s > 0
+
+
+def test_a_loader_that_keeps_up_lets_the_run_go_on(tmp_path):
+    _, _, trial, block, _ = _fit(tmp_path, max_steps=12, gated={"num_workers": "data_wait"}, compute_s=0.05)
+    assert trial.phase in ("judging", "done") and block["in_run_trial"]["segments"] == 2
+
+
+def test_switch_sets_each_live_knob(tmp_path):
+    module = Tiny()
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    switch("precision", "bf16-mixed", trainer, module)
+    assert trainer.precision == "bf16-mixed"
+    switch("precision", "32-true", trainer, module)
+    assert trainer.precision == "32-true"
+    before = torch.get_float32_matmul_precision()
+    try:
+        switch("tf32", True, trainer, module)
+        assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.allow_tf32
+        switch("tf32", False, trainer, module)
+        assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32
+    finally:
+        torch.set_float32_matmul_precision(before)
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3))
+    holder = Tiny()
+    holder.net = conv
+    switch("channels_last", True, trainer, holder)
+    assert conv[0].weight.is_contiguous(memory_format=torch.channels_last)
+    switch("channels_last", False, trainer, holder)
+    assert conv[0].weight.is_contiguous()
+    with pytest.raises(ValueError, match="cannot be switched inside a fit"):
+        switch("num_workers", 4, trainer, module)
+
+
+def test_the_timer_counts_every_trial_step_as_warm_up_until_the_search_ends(tmp_path):
+    timer = StepTimer("train", warmup_steps=2)
+    trial = InRunTrial(timer, STAGES, dict(BUILT), dict(BUILT), {"base": {}}, margin=0.05, steps=4, warmup=1,
+                       budget_s=60.0, units={}, compile_setting={})
+    module = Tiny()
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trial.on_train_start(trainer, module)
+    assert timer.warmup_steps == ALL_WARMUP and trial.phase == "segments"
