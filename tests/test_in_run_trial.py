@@ -148,6 +148,28 @@ def test_switch_sets_each_live_knob(tmp_path):
     assert conv[0].weight.is_contiguous(memory_format=torch.channels_last)
     switch("channels_last", False, trainer, holder)
     assert conv[0].weight.is_contiguous()
+
+
+def test_channels_last_also_moves_the_optimizer_state_to_the_weights_layout(tmp_path):
+    """Adam's moments made while the weights were NCHW, then the weights switched to NHWC: the state follows
+    (multi-tensor kernels take their fast path only where a parameter and its state share strides)."""
+    module = Tiny()
+    module.net = nn.Sequential(nn.Conv2d(3, 4, 3))
+    module.configure_optimizers = lambda: torch.optim.Adam(module.parameters(), lr=1e-3)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3, 6, 6)), batch_size=4)
+    module.training_step = lambda batch, *rest: module.net(batch[0]).pow(2).mean()
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, max_steps=2, default_root_dir=str(tmp_path))
+    trainer.fit(module, data)
+    weight = module.net[0].weight
+    state = trainer.optimizers[0].state[weight]
+    assert state["exp_avg"].is_contiguous() and not state["exp_avg"].is_contiguous(memory_format=torch.channels_last)
+    switch("channels_last", True, trainer, module)
+    state = trainer.optimizers[0].state[weight]
+    assert all(state[k].is_contiguous(memory_format=torch.channels_last) for k in ("exp_avg", "exp_avg_sq"))
+    assert state["exp_avg"].stride() == weight.stride()
+    switch("channels_last", False, trainer, module)
+    assert trainer.optimizers[0].state[weight]["exp_avg"].stride() == weight.stride() == weight.contiguous().stride()
     with pytest.raises(ValueError, match="cannot be switched inside a fit"):
         switch("num_workers", 4, trainer, module)
 
