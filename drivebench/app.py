@@ -344,23 +344,23 @@ def main(cfg: DictConfig) -> dict[str, Any]:
 
             trial = AccelTrial(cfg, output_dir, build_run, judge_in_run=not getattr(bench, "tunes_accel", False),
                                live_in_run=not OmegaConf.select(cfg, "bench.profile"))
-            tuned = trial.run()  # times the candidates, prints the table
-            run = build_run(with_accel(cfg, trial.chosen), output_dir)
-            run.job = job
-            run.autotune, run.started = tuned, started  # the run's wall time includes its trial
-            attempt = time.monotonic()
-            try:
-                return bench.run(run)
-            except RetuneBeforeRun as again:  # the loader bounds the run's first steps: its knobs need trials
-                print(f"accel trial: {again.reason}; the run starts again after them", flush=True)
-                again.spent_s = time.monotonic() - attempt  # the whole attempt: built, started, its steps
-                _drop_attempt_logs(again.log_dir, output_dir)
-                del run
-                tuned = trial.run(retune=again)
+            retune = None
+            while True:
+                tuned = trial.run(retune=retune)  # times the candidates, prints the table
                 run = build_run(with_accel(cfg, trial.chosen), output_dir)
                 run.job = job
-                run.autotune, run.started = tuned, started
-                return bench.run(run)
+                run.autotune, run.started = tuned, started  # the run's wall time includes its trial
+                attempt = time.monotonic()
+                try:
+                    return bench.run(run)
+                except RetuneBeforeRun as again:  # the loader bounds the run's first steps: its knobs need trials
+                    if retune is not None:  # after the loader's trials nothing is gated: cannot happen twice
+                        raise
+                    print(f"accel trial: {again.reason}; the run starts again after them", flush=True)
+                    again.spent_s = time.monotonic() - attempt  # the whole attempt: built, started, its steps
+                    _drop_attempt_logs(again.log_dir, output_dir)
+                    del run
+                    retune = again
     except Interrupted as stop:
         _exit_interrupted(stop)
     except KeyboardInterrupt:  # SIGINT before the handler was installed, or from a library's own handler

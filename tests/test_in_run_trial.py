@@ -122,7 +122,7 @@ def test_a_first_segment_waiting_for_the_loader_stops_the_run_for_loader_trials(
 
 
 def test_a_loader_that_keeps_up_lets_the_run_go_on(tmp_path):
-    _, _, trial, block, _ = _fit(tmp_path, max_steps=12, gated={"num_workers": "data_wait"}, compute_s=0.05)
+    _, _, trial, block, _ = _fit(tmp_path, max_steps=12, gated={"num_workers": "data_wait"}, compute_s=0.2)
     assert trial.phase in ("judging", "done") and block["in_run_trial"]["segments"] == 2
 
 

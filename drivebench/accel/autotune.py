@@ -126,7 +126,6 @@ class Trial:
     chosen: bool = False            # the setting the run then trains with (one row)
     where: str = "trial"            # "trial": a short training of its own; "run": segments of the run's own steps
 
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

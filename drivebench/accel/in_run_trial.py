@@ -25,7 +25,6 @@ there with :class:`RetuneBeforeRun` and starts again after trials of those knobs
 from __future__ import annotations
 
 import dataclasses
-import logging
 import statistics
 import time
 from typing import Any, Callable, Generator, Sequence
@@ -42,8 +41,8 @@ from drivebench.accel.settings import set_cudnn_benchmark, set_tf32
 from drivebench.perf.callback import PhaseTimes, StepRecord, StepTimer
 from drivebench.perf.summary import phase_stats
 
-log = logging.getLogger("drivebench")
-LIVE_KNOBS = ("cuda_graphs", "precision", "tf32", "channels_last", "cudnn_benchmark")
+SETTINGS_KNOBS = ("precision", "tf32", "channels_last", "cudnn_benchmark")  # held as plain values in AccelSettings
+LIVE_KNOBS = ("cuda_graphs", *SETTINGS_KNOBS)
 ALL_WARMUP = 1 << 62  # the step timer's warm-up while the segments run: none of their steps is measured
 
 
@@ -88,19 +87,15 @@ def switch(knob: str, value: Any, trainer: pl.Trainer, module: pl.LightningModul
 
 
 def _optimizer_state_like_params(trainer: pl.Trainer) -> None:
-    """The optimizers' per-parameter state (Adam's moments) in its parameter's memory format again: the
-    multi-tensor (foreach) kernels take their fast path only where a parameter and its state share strides,
-    and fall back to one kernel per tensor otherwise (MapTR on the H200: compiled steps ~155 ms against
-    ~130 ms for ``max``, whose weights were channels-last before the optimizer made its state)."""
+    """The optimizers' per-parameter state (Adam's moments) in its parameter's strides again: the multi-tensor
+    (foreach) kernels take their fast path only where a parameter and its state share strides, and fall back to
+    one kernel per tensor otherwise (MapTR on the H200: compiled steps ~155 ms against ~130 ms for ``max``,
+    whose weights were channels-last before the optimizer made its state)."""
     for optimizer in trainer.optimizers:
         for param, state in optimizer.state.items():
-            if param.dim() != 4:
-                continue
-            layout = torch.channels_last if param.is_contiguous(memory_format=torch.channels_last) and not \
-                param.is_contiguous() else torch.contiguous_format
             for key, value in state.items():
-                if isinstance(value, torch.Tensor) and value.shape == param.shape:
-                    state[key] = value.contiguous(memory_format=layout)
+                if isinstance(value, torch.Tensor) and value.shape == param.shape and value.stride() != param.stride():
+                    state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
 @dataclasses.dataclass

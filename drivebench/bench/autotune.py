@@ -437,11 +437,11 @@ def in_run_judge(run: Any, timer: StepTimer, on_chosen: Callable[[dict[str, Any]
     units = compile_units(run.module.net)
     plan = block.get("in_run_trial") or {}
     if plan.get("pending"):
-        from drivebench.accel.in_run_trial import InRunTrial
+        from drivebench.accel.in_run_trial import SETTINGS_KNOBS, InRunTrial
 
         accel = run.accel
         stages = [Stage(**{**st, "values": tuple(st["values"])}) for st in plan["stages"]]
-        built = {knob: getattr(accel, knob) for knob in ("precision", "tf32", "channels_last", "cudnn_benchmark")}
+        built = {knob: getattr(accel, knob) for knob in SETTINGS_KNOBS}
         built["cuda_graphs"] = "on" if getattr(run.module, "graphed_loss", None) is not None else "off"
         return InRunTrial(timer, stages, plan["start"], built, block, margin=float(block["margin"]),
                           steps=int(block["steps"]), warmup=int(block["warmup_steps"]), budget_s=float(block["budget_s"]),

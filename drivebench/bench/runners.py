@@ -550,6 +550,8 @@ def _adopt_live_knobs(run: Run, live: dict[str, Any]) -> None:
     """``accel=auto``'s live knobs as its trial on the run's own steps chose them: the settings of the phases
     after training (the ceiling's and validation's Trainers take precision and cuDNN autotuning from
     ``run.accel``) and of the summary."""
-    fields = {k: v for k, v in live.items() if k in ("precision", "tf32", "channels_last", "cudnn_benchmark")}
+    from drivebench.accel.in_run_trial import SETTINGS_KNOBS
+
+    fields = {k: v for k, v in live.items() if k in SETTINGS_KNOBS}
     if fields:
         run.accel = dataclasses.replace(run.accel, **fields)
