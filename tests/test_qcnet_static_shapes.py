@@ -3,6 +3,8 @@ buckets stay few; the knob is settled (or refused) before any work."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -216,3 +218,119 @@ def test_bucket_knobs_reach_the_padder_and_bad_values_are_refused():
     assert (module.buckets.growth, module.buckets.max_buckets) == (1.5, 2)
     with pytest.raises(ValueError, match="growth must be >= 1"):
         QCNetModule(net, optimizer=lambda params: torch.optim.AdamW(params), bucket_growth=0.9)
+
+
+def _qcnet_module(trainer: bool = False, **kwargs):
+    from drivebench.lit.qcnet import QCNetModule
+
+    torch.manual_seed(0)
+    module = QCNetModule(create_model("qcnet", "test", dropout=0.0), optimizer=lambda params: torch.optim.AdamW(params),
+                         **kwargs)
+    if not trainer:
+        module.log = lambda *args, **kwargs: None  # no Trainer here
+    return module.eval()
+
+
+def _validation_metrics(module, batches, pad: bool) -> tuple[dict[str, float], list[dict[str, torch.Tensor]]]:
+    module.reset_metrics()
+    losses = []
+    with torch.no_grad():
+        for batch in batches:
+            batch = module.static_val_batch(batch) if pad else batch
+            flat = module._eval_outputs(batch)
+            outputs = {k[len("out/"):]: v for k, v in flat.items() if k.startswith("out/")}
+            losses.append({k: v for k, v in flat.items() if k.startswith("loss/")})
+            module.update_metrics(batch, outputs)
+    return module.compute_metrics(), losses
+
+
+def test_padded_validation_batches_give_the_same_metrics_and_leave_training_buckets_alone():
+    """What the validation graphs run (accel.cuda_graphs): each batch padded to a bucket of validation's own,
+    outputs and losses from ``_eval_outputs``; metrics and losses as on the unpadded batches."""
+    module = _qcnet_module(bucket_growth=1.3)
+    batches = [random_batch(make_transform("test"), num_scenes=2 + s % 2, seed=10 * s, **SMALL_SCENE) for s in range(4)]
+    ref_metrics, ref_losses = _validation_metrics(module, batches, pad=False)
+    pad_metrics, pad_losses = _validation_metrics(module, batches, pad=True)
+    assert ref_metrics.keys() == pad_metrics.keys() and "minFDE" in ref_metrics and "cv_minFDE" in ref_metrics
+    for name, value in ref_metrics.items():
+        assert pad_metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-5), name
+    for ref, pad in zip(ref_losses, pad_losses):
+        for name, value in ref.items():
+            torch.testing.assert_close(pad[name], value, rtol=1e-5, atol=1e-5, msg=name)
+    assert module.val_padder.describe()["padded_over_real_rows"] > 1.0  # the batches really were padded
+    assert module.buckets.buckets == [] and module.padder is None  # training's shapes untouched
+
+
+def _fit_with_validation(tmp_path, module, train_batches, val_batches) -> dict[str, float]:
+    import lightning.pytorch as pl
+
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         default_root_dir=str(tmp_path))
+    loader = torch.utils.data.DataLoader
+    trainer.fit(module, train_dataloaders=loader(train_batches, batch_size=None),
+                val_dataloaders=loader(val_batches, batch_size=None))
+    torch.cuda.synchronize()
+    return {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_graphed_validation_in_a_fit_gives_the_eager_metrics(tmp_path, monkeypatch):
+    """accel.cuda_graphs replays validation's forward + loss inside a fit: the same val metrics as an eager fit
+    of the same module state, graphs captured once per validation shape and replayed in the next epoch."""
+    import copy
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    train = [random_batch(make_transform("test"), num_scenes=2, seed=s, **SMALL_SCENE) for s in range(2)]
+    val = [random_batch(make_transform("test"), num_scenes=2 + s % 2, seed=100 + s, **SMALL_SCENE) for s in range(3)]
+    eager = _qcnet_module(trainer=True)
+    eager.optimizer_factory = functools.partial(torch.optim.SGD, lr=0.0)  # no update: both fits see one state
+    graphed = copy.deepcopy(eager)
+    graphed.enable_cuda_graphs()
+    graphed.graphed_loss = None  # training eager in both: only validation differs
+    ref = _fit_with_validation(tmp_path, eager, train, val)
+    got = _fit_with_validation(tmp_path, graphed, train, val)
+    assert "val/minFDE" in ref and ref.keys() == got.keys()
+    for name, value in ref.items():
+        assert got[name] == pytest.approx(value, rel=1e-4, abs=1e-4), name
+    report = graphed.cuda_graphs_report()["validation"]
+    assert report["replays"] == 2 * len(val)  # both epochs' validations replayed
+    assert report["graphs"] == report["padding"]["buckets"] == len(report["capture_s"]) <= len(val)
+
+
+def test_validation_inside_a_fit_goes_through_the_graphed_path_and_a_standalone_one_does_not(tmp_path):
+    """The plumbing around the CUDA-only replay, on the CPU: inside a fit, validation_step pads the batch and takes
+    outputs and losses from ``graphed_eval`` (here the function it would capture, called directly); a standalone
+    ``Trainer.validate`` (whose graphs would point into freed cuBLAS workspaces) runs eagerly."""
+    import lightning.pytorch as pl
+
+    module = _qcnet_module(trainer=True)
+    module.optimizer_factory = functools.partial(torch.optim.SGD, lr=0.0)
+    calls = []
+
+    class Direct:  # what GraphedForward would capture and replay, called as it is
+        def __call__(self, batch):
+            calls.append(batch_counts(batch))
+            return module._eval_outputs(batch)
+
+        def release(self) -> None:
+            pass
+
+    module.graphed_eval = Direct()
+    train = [random_batch(make_transform("test"), num_scenes=2, seed=s, **SMALL_SCENE) for s in range(2)]
+    val = [random_batch(make_transform("test"), num_scenes=2, seed=100 + s, **SMALL_SCENE) for s in range(2)]
+    loader = torch.utils.data.DataLoader
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         default_root_dir=str(tmp_path))
+    trainer.fit(module, train_dataloaders=loader(train, batch_size=None), val_dataloaders=loader(val, batch_size=None))
+    fit_metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    assert len(calls) == len(val)
+    assert all(counts in [dict(b) for b in module.val_padder.buckets.buckets] for counts in calls)  # padded
+    standalone = trainer.validate(module, dataloaders=loader(val, batch_size=None), verbose=False)[0]
+    assert len(calls) == len(val)  # not called again
+    assert "val/minFDE" in fit_metrics
+    for name, value in standalone.items():
+        assert fit_metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-5), name

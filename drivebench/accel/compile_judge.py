@@ -81,7 +81,7 @@ class CompileJudge(pl.Callback):
             if self.graphs_after_revert:
                 graphed.release()  # captured around compiled kernels: capture the eager forward anew
             else:
-                pl_module.graphed_loss = None
+                pl_module.disable_cuda_graphs()
 
     def _update_rows(self, kept: bool, compiled: float, records: list[Any]) -> None:
         times = sorted(r.step_s for r in records)

@@ -81,7 +81,7 @@ def switch(knob: str, value: Any, trainer: pl.Trainer, module: pl.LightningModul
         if value == "on" and getattr(module, "graphed_loss", None) is None:
             module.enable_cuda_graphs()  # captures at its next step, one graph per padded shape
         elif value != "on":
-            module.graphed_loss = None
+            module.disable_cuda_graphs()
     else:
         raise ValueError(f"accel.{knob} cannot be switched inside a fit (live knobs: {', '.join(LIVE_KNOBS)})")
 

@@ -255,10 +255,16 @@ class DriveDataModule(DeviceTransferDataModule):
             **self.accel.loader_kwargs(),
         )
 
+    def _in_fit(self) -> bool:
+        trainer = getattr(self, "trainer", None)
+        return trainer is not None and trainer.state.fn == "fit"
+
     def val_dataloader(self) -> DataLoader:
         assert self.val_set is not None, "setup() first"
         kwargs = self.accel.loader_kwargs()
-        kwargs["persistent_workers"] = False  # validation runs once at the end of a benchmark
+        # a benchmark validates once, after its fit (its own Trainer); a fit that validates every epoch (trainer=full)
+        # would fork the workers again for each validation: there they persist as accel.persistent_workers says
+        kwargs["persistent_workers"] = bool(kwargs.get("persistent_workers")) and self._in_fit()
         kwargs.pop("prefetch_factor", None)
         replicas, rank = self._replicas()
         if self.batch_sampler_factory is not None:  # e.g. streaming sequences: keep them in order

@@ -21,7 +21,7 @@ from torch import nn
 
 from torchmetrics import Metric
 
-from drivebench.accel.cuda_graphs import GraphedLoss
+from drivebench.accel.cuda_graphs import GraphedForward, GraphedLoss
 
 CONFIG_KEY = "drivebench_config"  # the checkpoint entry holding the run's resolved, redacted config
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
@@ -60,6 +60,7 @@ class DriveModule(pl.LightningModule):
         # checkpoint says what produced it; set by drivebench.app.build_run
         self.run_config: dict[str, Any] | None = None
         self.graphed_loss: GraphedLoss | None = None  # accel.cuda_graphs: set by enable_cuda_graphs
+        self.graphed_eval: GraphedForward | None = None  # the same, for validation inside a fit
         self.fused_optimizer = False  # accel.fused_optimizer: set by drivebench.app.build_run
 
     # ---- subclass contract -------------------------------------------------------------------
@@ -91,25 +92,44 @@ class DriveModule(pl.LightningModule):
         """``batch`` padded to one of a few fixed shapes with an unchanged loss (``accel.cuda_graphs``)."""
         raise NotImplementedError(f"{type(self).__name__} does not pad its batches to static shapes")
 
+    def static_val_batch(self, batch: Any) -> Any:
+        """A validation batch padded to one of a few fixed shapes with unchanged outputs for its real rows and
+        unchanged metrics; its own shapes, so validation never changes the padding of training batches."""
+        raise NotImplementedError(f"{type(self).__name__} does not pad its batches to static shapes")
+
     # ---- accel.cuda_graphs -------------------------------------------------------------------
     def enable_cuda_graphs(self) -> None:
-        """Replay the training forward + loss (and its backward) from CUDA graphs, one per padded shape."""
+        """Replay the training forward + loss (and its backward) from CUDA graphs, one per padded shape, and
+        the validation forward + loss of each fit likewise."""
         self.graphed_loss = GraphedLoss(self, self.loss_of_batch)
+        self.graphed_eval = GraphedForward(self._eval_outputs)
+
+    def disable_cuda_graphs(self) -> None:
+        self.graphed_loss = None
+        self.graphed_eval = None
 
     def on_fit_start(self) -> None:
         # each fit captures its own graphs: Lightning's teardown of a fit frees the cuBLAS workspaces
         # (``_clear_cuda_memory``) that kernels captured during it point to, so replaying them in the
         # next fit (the ceiling after training) read freed memory (seen on the H200: an illegal memory
         # access at the ceiling's first step)
-        if self.graphed_loss is not None:
-            self.graphed_loss.release()
+        for graphed in (self.graphed_loss, self.graphed_eval):
+            if graphed is not None:
+                graphed.release()
 
     def cuda_graphs_report(self) -> dict[str, Any]:
-        """Graphs captured, their capture times and replays, plus the model's padding (summary settings)."""
+        """Graphs captured, their capture times and replays, plus the model's padding (summary settings);
+        ``validation``: the same for validation inside the fits."""
         report = self.graphed_loss.describe() if self.graphed_loss is not None else {}
-        return {**report, **self.static_shapes_report()}
+        report = {**report, **self.static_shapes_report()}
+        if self.graphed_eval is not None and self.graphed_eval.replays:
+            report["validation"] = {**self.graphed_eval.describe(), **self.static_val_shapes_report()}
+        return report
 
     def static_shapes_report(self) -> dict[str, Any]:
+        return {}
+
+    def static_val_shapes_report(self) -> dict[str, Any]:
         return {}
 
     def summary_settings(self) -> dict[str, Any]:
@@ -137,13 +157,32 @@ class DriveModule(pl.LightningModule):
 
     eager_validation = False  # True: compiled units run eagerly in validation (see validation_step)
 
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        # a model whose validation batches have shapes training never saw (QCNet: unpadded, every batch its own
-        # edge counts) would compile its units again in eval mode, for minutes; it validates eagerly instead
-        stance = torch.compiler.set_stance("force_eager") if self.eager_validation else contextlib.nullcontext()
-        with stance:
+    def _eval_outputs(self, batch: Any) -> dict[str, torch.Tensor]:
+        """The forward's outputs (``out/<name>``) and losses (``loss/<name>``) of a validation batch, with every
+        unit eager: what :class:`GraphedForward` captures (compiled units would compile again for each
+        validation shape, and the graph removes the launch cost that compiling would)."""
+        with torch.compiler.set_stance("force_eager"):
             outputs = self(batch)
         losses = self.compute_loss(batch, outputs)
+        return {**{f"out/{k}": v for k, v in outputs.items()}, **{f"loss/{k}": v for k, v in losses.items()}}
+
+    def _graphed_validation(self) -> bool:
+        # only inside a fit: its graphs point into cuBLAS workspaces that the fit's end frees (on_fit_start)
+        return self.graphed_eval is not None and self.trainer.state.fn == "fit"
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if self._graphed_validation():
+            batch = self.static_val_batch(batch)
+            flat = self.graphed_eval(batch)
+            outputs = {k[len("out/"):]: v for k, v in flat.items() if k.startswith("out/")}
+            losses = {k[len("loss/"):]: v for k, v in flat.items() if k.startswith("loss/")}
+        else:
+            # a model whose validation batches have shapes training never saw (QCNet: unpadded, every batch its
+            # own edge counts) would compile its units again in eval mode, for minutes; it validates eagerly
+            stance = torch.compiler.set_stance("force_eager") if self.eager_validation else contextlib.nullcontext()
+            with stance:
+                outputs = self(batch)
+            losses = self.compute_loss(batch, outputs)
         bs = self.batch_size(batch)
         for name, value in losses.items():
             self.log(f"val/{name}", value.detach(), on_step=False, on_epoch=True, batch_size=bs, sync_dist=True)

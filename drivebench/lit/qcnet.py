@@ -70,6 +70,7 @@ class QCNetModule(DriveModule):
         self.baseline_metrics = MotionMetrics(k=6)
         self.padder: StaticShapePadder | None = None
         self.buckets = ShapeBuckets(growth=bucket_growth, max_buckets=max_buckets)  # validates both
+        self.val_padder: StaticShapePadder | None = None  # validation's own buckets (accel.cuda_graphs)
 
     def compute_loss(self, batch: dict[str, Any], outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return self.criterion(outputs, batch)
@@ -94,7 +95,7 @@ class QCNetModule(DriveModule):
         return int(batch["num_graphs"])
 
     supports_static_shapes = True
-    eager_validation = True  # validation batches are not padded: compiled layers would recompile for each
+    eager_validation = True  # unpadded validation batches (no CUDA graphs): compiled layers would recompile for each
 
     def static_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Pad to a shape bucket (``models/qcnet/static_shapes.py``): same loss, few distinct shapes."""
@@ -103,8 +104,21 @@ class QCNetModule(DriveModule):
             self.padder = StaticShapePadder(g.num_historical_steps, g.num_modes, self.buckets)
         return self.padder(batch)
 
+    def static_val_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Padded like training batches, to buckets of its own: padded agents are never focal, so the metrics
+        see the same agents; the training buckets stay those of the training batches."""
+        if self.val_padder is None:
+            g = self.net.graph_settings
+            self.val_padder = StaticShapePadder(g.num_historical_steps, g.num_modes,
+                                                ShapeBuckets(growth=self.buckets.growth,
+                                                             max_buckets=self.buckets.max_buckets))
+        return self.val_padder(batch)
+
     def static_shapes_report(self) -> dict[str, Any]:
         return {"padding": self.padder.describe()} if self.padder is not None else {}
+
+    def static_val_shapes_report(self) -> dict[str, Any]:
+        return {"padding": self.val_padder.describe()} if self.val_padder is not None else {}
 
     def parameter_groups(self) -> list[dict[str, Any]]:
         """Upstream's split (see :func:`upstream_weight_decay_split`), plus the ``no_weight_decay`` fragments."""

@@ -42,6 +42,10 @@ cg = st.get("cuda_graphs") or {}
 pad = (cg.get("padding") if isinstance(cg, dict) else None) or {}
 print("  padding:", {k: pad.get(k) for k in ("buckets", "growth", "max_buckets", "padded_over_real_rows")},
       "graphs:", {k: cg.get(k) for k in ("graphs", "capture_s")} if isinstance(cg, dict) else cg)
+val = cg.get("validation") if isinstance(cg, dict) else None
+if val:
+    print("  validation graphs:", {k: val.get(k) for k in ("graphs", "capture_s", "replays")},
+          "padded:", (val.get("padding") or {}).get("padded_over_real_rows"))
 print("  compile:", st.get("compile_report") or s.get("compile"), "| bottleneck:", (s.get("bottleneck") or {}).get("verdict"))
 PY
 }
