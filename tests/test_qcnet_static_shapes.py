@@ -226,8 +226,9 @@ def _qcnet_module(trainer: bool = False, **kwargs):
     torch.manual_seed(0)
     module = QCNetModule(create_model("qcnet", "test", dropout=0.0), optimizer=lambda params: torch.optim.AdamW(params),
                          **kwargs)
-    if not trainer:
-        module.log = lambda *args, **kwargs: None  # no Trainer here
+    if trainer:
+        return module  # a Trainer switches it between train and eval
+    module.log = lambda *args, **kwargs: None  # no Trainer here
     return module.eval()
 
 
