@@ -298,7 +298,8 @@ def test_graphed_validation_in_a_fit_gives_the_eager_metrics(tmp_path, monkeypat
         assert got[name] == pytest.approx(value, rel=1e-4, abs=1e-4), name
     report = graphed.cuda_graphs_report()["validation"]
     assert report["replays"] == 2 * len(val)  # both epochs' validations replayed
-    assert report["graphs"] == report["padding"]["buckets"] == len(report["capture_s"]) <= len(val)
+    # one capture per padded shape; per-scene tensors (not padded) make a batch of 3 scenes its own shape
+    assert report["padding"]["buckets"] <= report["graphs"] == len(report["capture_s"]) <= len(val)
 
 
 def test_validation_inside_a_fit_goes_through_the_graphed_path_and_a_standalone_one_does_not(tmp_path):
