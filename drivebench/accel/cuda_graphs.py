@@ -190,7 +190,10 @@ class GraphedForward:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            # thread_local: the loader's pin-memory thread allocates pinned host memory (cudaHostAlloc) while
+            # this thread captures; in the default global mode that call invalidates the capture (H200, b36:
+            # "operation failed due to a previous error during capture" at a cold run's first validation)
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 outputs = dict(self.fn(batch))
         torch.cuda.synchronize()
         self.capture_s.append(time.perf_counter() - t0)
