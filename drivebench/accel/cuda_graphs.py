@@ -23,6 +23,7 @@ buffers), and autocast without its weight-cast cache (casts are recorded into th
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -58,6 +59,14 @@ def _autocast_without_cache(device_type: str = "cuda") -> torch.autocast:
     enabled = torch.is_autocast_enabled(device_type)
     dtype = torch.get_autocast_dtype(device_type) if enabled else torch.bfloat16
     return torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=False)
+
+
+# the loader's pin-memory thread allocates pinned host memory (cudaHostAlloc) while the training thread captures;
+# in CUDA's default global capture mode that call invalidates the capture (seen on the H200 at a validation
+# capture, b36): capture in thread_local mode where this torch's make_graphed_callables takes the argument
+_THREAD_LOCAL_CAPTURE = ({"capture_error_mode": "thread_local"}
+                         if "capture_error_mode" in inspect.signature(torch.cuda.make_graphed_callables).parameters
+                         else {})
 
 
 class GraphedLoss:
@@ -109,7 +118,7 @@ class GraphedLoss:
         flat = _FlatLoss(self.owner, self.loss_fn, keys, static, self._names)
         flat.train(self.owner.training)
         graphed = torch.cuda.make_graphed_callables(flat, tensors, num_warmup_iters=self.warmup_iters,
-                                                    allow_unused_input=True)
+                                                    allow_unused_input=True, **_THREAD_LOCAL_CAPTURE)
         torch.cuda.synchronize()
         self.capture_s.append(time.perf_counter() - t0)
         self._graphs[signature] = graphed
@@ -190,9 +199,8 @@ class GraphedForward:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            # thread_local: the loader's pin-memory thread allocates pinned host memory (cudaHostAlloc) while
-            # this thread captures; in the default global mode that call invalidates the capture (H200, b36:
-            # "operation failed due to a previous error during capture" at a cold run's first validation)
+            # thread_local: see _THREAD_LOCAL_CAPTURE (H200, b36: "operation failed due to a previous error during
+            # capture" at a cold run's first validation, in global mode)
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 outputs = dict(self.fn(batch))
         torch.cuda.synchronize()
