@@ -150,6 +150,58 @@ def test_switch_sets_each_live_knob(tmp_path):
     assert conv[0].weight.is_contiguous()
 
 
+class SwitchFusedAt(pl.Callback):
+    """Switches ``accel.fused_optimizer`` before the step ``at`` (as a segment boundary does)."""
+
+    def __init__(self, at: int, on: bool) -> None:
+        self.at, self.on = at, on
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.at:
+            switch("fused_optimizer", self.on, trainer, pl_module)
+
+
+def _adamw_fit(tmp_path: Path, fused: bool, callbacks=()) -> tuple[Tiny, pl.Trainer]:
+    torch.manual_seed(0)
+    module = Tiny()
+    module.fused_optimizer = fused
+    module.configure_optimizers = lambda: torch.optim.AdamW(module.parameters(), lr=1e-2,
+                                                            **({"fused": True} if module.fused_optimizer else {}))
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 8)), batch_size=4)
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, max_steps=4, default_root_dir=str(tmp_path),
+                         callbacks=list(callbacks))
+    trainer.fit(module, data)
+    return module, trainer
+
+
+def test_the_fused_optimizer_switches_inside_a_fit(tmp_path, monkeypatch):
+    """foreach AdamW for two steps, then the fused kernel for two (and back): the same weights as either kept
+    throughout, to rounding; the fused kernel really runs after the switch, with the step counts it needs."""
+    import torch.optim.adam as adam_impl
+
+    fused_calls = []
+    real = adam_impl._fused_adam
+    monkeypatch.setattr(adam_impl, "_fused_adam", lambda *a, **k: (fused_calls.append(1), real(*a, **k))[1])
+    plain, _ = _adamw_fit(tmp_path, fused=False)
+    assert fused_calls == []
+    fused, _ = _adamw_fit(tmp_path, fused=True)
+    assert len(fused_calls) == 4
+    fused_calls.clear()
+    switched, trainer = _adamw_fit(tmp_path, fused=False, callbacks=[SwitchFusedAt(2, True)])
+    assert len(fused_calls) == 2 and switched.fused_optimizer  # the last two steps, and a later fit's optimizer
+    optimizer = trainer.optimizers[0]
+    assert optimizer.param_groups[0]["fused"] is True and optimizer.param_groups[0]["foreach"] is None
+    steps = [optimizer.state[p]["step"] for p in switched.parameters()]
+    assert all(s.dtype == torch.float32 and float(s) == 4.0 for s in steps)  # counted on across the switch
+    for a, b, c in zip(plain.parameters(), fused.parameters(), switched.parameters()):
+        torch.testing.assert_close(c, a, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(c, b, rtol=1e-5, atol=1e-6)
+    switch("fused_optimizer", False, trainer, switched)
+    assert optimizer.param_groups[0]["fused"] is None and not switched.fused_optimizer
+    assert all(optimizer.state[p]["step"].device.type == "cpu" for p in switched.parameters())
+
+
 def test_channels_last_also_moves_the_optimizer_state_to_the_weights_layout(tmp_path):
     """Adam's moments made while the weights were NCHW, then the weights switched to NHWC: the state follows
     (multi-tensor kernels take their fast path only where a parameter and its state share strides)."""

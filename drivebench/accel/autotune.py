@@ -178,7 +178,7 @@ def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], l
     stage("channels_last", (True, False), no_gpu or convs, live=True)
     stage("cudnn_benchmark", (True, False), no_gpu or convs, live=True)
     stage("pin_memory", (True, False), no_gpu, bound_by=H2D_BOUND)
-    stage("fused_optimizer", (True, False), no_gpu or caps.fused_optimizer)
+    stage("fused_optimizer", (True, False), no_gpu or caps.fused_optimizer, live=True)
     compile_why = ("inductor's CPU compile takes minutes (accel.compile auto = GPUs only)" if not caps.on_gpu
                    else "" if caps.compile_units else "the model declares no compile units")
     stage("compile", (False, True), compile_why, in_run=True)

@@ -3,23 +3,23 @@
 Why: a candidate trained as a short fit of its own pays a build, a Trainer start, warm-up steps and a
 teardown before and after a few measured steps (MapTR on an H200: ~7.6 s a candidate, five of them 26% of
 a bounded run). The knobs that can change between two steps of one fit (CUDA graphs, precision, TF32,
-channels-last, cuDNN autotuning) need none of that: each of their candidates is a *segment* of the run's
-own first steps, ``accel.auto_warmup_steps`` after the switch and ``accel.auto_steps`` measured, with the
-same greedy search and margin (``drivebench.accel.autotune.search_steps``, driven one step boundary at a
-time). Those steps train the run, so the trial costs what its segments took beyond the same steps at the
-setting finally chosen (a slower candidate's extra time, a capture, an autotuning), not the steps
-themselves. The step timer counts every trial step as warm-up, so the run's statistics hold only steps
-at the chosen setting.
+channels-last, cuDNN autotuning, the fused optimizer) need none of that: each of their candidates is a
+*segment* of the run's own first steps, ``accel.auto_warmup_steps`` after the switch and
+``accel.auto_steps`` measured, with the same greedy search and margin
+(``drivebench.accel.autotune.search_steps``, driven one step boundary at a time). Those steps train the
+run, so the trial costs what its segments took beyond the same steps at the setting finally chosen (a
+slower candidate's extra time, a capture, an autotuning), not the steps themselves. The step timer counts
+every trial step as warm-up, so the run's statistics hold only steps at the chosen setting.
 
 Then compile, as before (``drivebench.accel.compile_judge``): the run was built compiled, its compiled
 calls set aside during the segments; they come back (with CUDA graphs where the model allows them) and
 :class:`~drivebench.accel.compile_judge.CompileJudge` keeps or undoes them on the next measured steps.
 
-What cannot switch inside a fit (the loader's knobs, activation checkpointing, the fused optimizer) is
-tried before the run in short fits (``drivebench.bench.autotune``). The loader's knobs matter only when
-the loader bounds the step: so when nothing else needs a short fit, the run starts at once, and if its
-first segment waits for data (or for the copy to the device) for at least the margin of a step, it stops
-there with :class:`RetuneBeforeRun` and starts again after trials of those knobs.
+What cannot switch inside a fit (the loader's knobs, activation checkpointing) is tried before the run in
+short fits (``drivebench.bench.autotune``). The loader's knobs matter only when the loader bounds the
+step: so when nothing else needs a short fit, the run starts at once, and if its first segment waits for
+data (or for the copy to the device) for at least the margin of a step, it stops there with
+:class:`RetuneBeforeRun` and starts again after trials of those knobs.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from drivebench.accel.settings import set_cudnn_benchmark, set_tf32
 from drivebench.perf.callback import PhaseTimes, StepRecord, StepTimer
 from drivebench.perf.summary import phase_stats
 
-SETTINGS_KNOBS = ("precision", "tf32", "channels_last", "cudnn_benchmark")  # held as plain values in AccelSettings
+# held as plain values in AccelSettings
+SETTINGS_KNOBS = ("precision", "tf32", "channels_last", "cudnn_benchmark", "fused_optimizer")
 LIVE_KNOBS = ("cuda_graphs", *SETTINGS_KNOBS)
 ALL_WARMUP = 1 << 62  # the step timer's warm-up while the segments run: none of their steps is measured
 
@@ -82,8 +83,31 @@ def switch(knob: str, value: Any, trainer: pl.Trainer, module: pl.LightningModul
             module.enable_cuda_graphs()  # captures at its next step, one graph per padded shape
         elif value != "on":
             module.disable_cuda_graphs()
+    elif knob == "fused_optimizer":
+        set_fused_optimizer(trainer, bool(value))
+        module.fused_optimizer = bool(value)  # what a later fit's configure_optimizers builds (the ceiling)
     else:
         raise ValueError(f"accel.{knob} cannot be switched inside a fit (live knobs: {', '.join(LIVE_KNOBS)})")
+
+
+def set_fused_optimizer(trainer: pl.Trainer, on: bool) -> None:
+    """``accel.fused_optimizer`` between two steps: torch's Adam/AdamW read ``fused`` from each parameter group
+    at every step, and keep each parameter's step count on its device for the fused kernel (on the host for
+    the multi-tensor one), so the flag and the counts move together. Optimizers without a fused kernel are
+    left alone."""
+    for optimizer in trainer.optimizers:
+        if "fused" not in optimizer.defaults:
+            continue
+        optimizer.defaults["fused"] = True if on else None  # None: torch picks foreach, as when built without it
+        for group in optimizer.param_groups:
+            group["fused"] = optimizer.defaults["fused"]
+            if on:
+                group["foreach"] = None  # fused and foreach are exclusive
+            for param in group["params"]:
+                step = optimizer.state.get(param, {}).get("step")
+                if isinstance(step, torch.Tensor) and not group.get("capturable"):
+                    optimizer.state[param]["step"] = step.to(param.device if on else "cpu", torch.float32)
+        optimizer._step_supports_amp_scaling = on  # what torch sets for a fused optimizer (GradScaler's path)
 
 
 def _optimizer_state_like_params(trainer: pl.Trainer) -> None:

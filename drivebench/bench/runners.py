@@ -241,6 +241,7 @@ class TrainBench:
             if accel is not None and in_run and not in_run.get("pending"):  # live knobs chosen on the run's steps
                 accel.update({k: v for k, v in run.autotune["chosen"].items() if k in accel})
                 summary["settings"]["numerics_changed_by"] = self._numerics_changes(run)
+                summary["settings"]["fused_optimizer"] = run.fused_optimizer
 
     def _interrupted(self, run: Run, logger: Any, summary: dict[str, Any], signum: int) -> Interrupted:
         """The end of a run stopped by ``signum``: the summary (``status: interrupted``, the step reached, the
@@ -555,3 +556,5 @@ def _adopt_live_knobs(run: Run, live: dict[str, Any]) -> None:
     fields = {k: v for k, v in live.items() if k in SETTINGS_KNOBS}
     if fields:
         run.accel = dataclasses.replace(run.accel, **fields)
+    if "fused_optimizer" in fields:
+        run.fused_optimizer = "on" if fields["fused_optimizer"] else "off"
