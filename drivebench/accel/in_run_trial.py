@@ -44,6 +44,7 @@ from drivebench.perf.summary import phase_stats
 # held as plain values in AccelSettings
 SETTINGS_KNOBS = ("precision", "tf32", "channels_last", "cudnn_benchmark", "fused_optimizer")
 LIVE_KNOBS = ("cuda_graphs", *SETTINGS_KNOBS)
+GRAPHED_KERNEL_KNOBS = ("precision", "tf32", "channels_last", "cudnn_benchmark")  # what a captured graph bakes in
 ALL_WARMUP = 1 << 62  # the step timer's warm-up while the segments run: none of their steps is measured
 
 
@@ -217,9 +218,10 @@ class InRunTrial(pl.Callback):
         for knob in changed:
             switch(knob, setting[knob], trainer, module)
             self.current[knob] = setting[knob]
-        graphed = getattr(module, "graphed_loss", None)
-        if graphed is not None and any(k != "cuda_graphs" for k in changed):
-            graphed.release()  # its graphs hold the old kernels (precision, TF32, layout): captured anew next step
+        if any(k in GRAPHED_KERNEL_KNOBS for k in changed):
+            for graphed in (getattr(module, "graphed_loss", None), getattr(module, "graphed_eval", None)):
+                if graphed is not None:
+                    graphed.release()  # its graphs hold the old kernels: captured anew at their next call
 
     def _measure(self, segment: _Segment, slower: bool) -> Measurement:
         """The segment's figures, as a short fit of its own would report them (``phase_stats``)."""
