@@ -20,6 +20,8 @@ from drivebench.errors import ConfigError
 from drivebench.lit.base import DriveModule
 from drivebench.perf import machine as M
 
+from dataset_source import DatasetSource
+
 CONF = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
 
 
@@ -124,19 +126,6 @@ class ThreadReport(Dataset):
                 "worker_blas": seen["blas"] or 0, "worker_pid": os.getpid()}
 
 
-class Source:
-    name = "threads"
-
-    def prepare(self, workers: int, progress: bool) -> None:
-        pass
-
-    def dataset(self, split, transform, accel, train, progress):
-        return ThreadReport()
-
-    def describe(self) -> dict:
-        return {}
-
-
 class Recorder(DriveModule):
     """Records, inside Lightning's training loop, the trainer's and the workers' thread counts."""
 
@@ -163,8 +152,8 @@ def fit_within_budget(cores: int, *overrides: str) -> tuple[T.ThreadBudget, list
     cfg = accel_preset("max", "accel.num_workers=4", "accel.prefetch_across_epochs=false", *overrides)
     accel = AccelSettings.resolve(cfg, machine, processes=1)
     budget = accel.thread_budget(cfg["threads"], machine, processes=1).apply()
-    dm = DriveDataModule(Source(), None, None, batch_size=4, val_batch_size=4, accel=accel, progress=False,
-                         threads=budget)
+    dm = DriveDataModule(DatasetSource(ThreadReport()), None, None, batch_size=4, val_batch_size=4, accel=accel,
+                         progress=False, threads=budget)
     module = Recorder()
     trainer = pl.Trainer(accelerator="cpu", max_steps=12, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,

@@ -17,6 +17,8 @@ from drivebench.data.datamodule import DriveDataModule
 from drivebench.lit.base import DriveModule
 from drivebench.perf import machine as M
 
+from dataset_source import DatasetSource
+
 CONF = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
 
 
@@ -28,19 +30,6 @@ class PidReport(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return {"x": torch.ones(2), "pid": os.getpid()}
-
-
-class Source:
-    name = "pids"
-
-    def prepare(self, workers: int, progress: bool) -> None:
-        pass
-
-    def dataset(self, split, transform, accel, train, progress):
-        return PidReport()
-
-    def describe(self) -> dict:
-        return {}
 
 
 class ValPids(DriveModule):
@@ -73,7 +62,8 @@ def _datamodule() -> DriveDataModule:
     machine = M.detect_machine("cpu")
     accel = AccelSettings.resolve(OmegaConf.to_container(cfg.accel, resolve=True), machine, processes=1)
     assert accel.persistent_workers and accel.num_workers == 2
-    return DriveDataModule(Source(), None, None, batch_size=4, val_batch_size=2, accel=accel, progress=False)
+    return DriveDataModule(DatasetSource(PidReport()), None, None, batch_size=4, val_batch_size=2, accel=accel,
+                           progress=False)
 
 
 def _trainer(**kwargs) -> pl.Trainer:
