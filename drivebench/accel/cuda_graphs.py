@@ -69,60 +69,30 @@ _THREAD_LOCAL_CAPTURE = ({"capture_error_mode": "thread_local"}
                          else {})
 
 
-class GraphedLoss:
-    """``loss_fn(batch)`` with forward and backward replayed from a CUDA graph per batch shape.
+class _GraphsPerShape:
+    """What both graph kinds keep: one capture per batch signature (tensor keys, shapes, dtypes), a bound on
+    how many, capture times, replays, and :meth:`release`."""
 
-    Args:
-        owner: the module whose parameters the loss depends on (the LightningModule or its net).
-        loss_fn: batch -> named loss tensors; the batch's tensors must all be on the device.
-        warmup_iters: eager passes before each capture (cuDNN/cuBLAS pick their kernels there).
-        max_graphs: more distinct shapes than this is an error (the padder should prevent it).
-    """
-
-    def __init__(self, owner: nn.Module, loss_fn: LossFn, warmup_iters: int = 3, max_graphs: int = 16) -> None:
-        self.owner = owner
-        self.loss_fn = loss_fn
+    def __init__(self, warmup_iters: int, max_graphs: int) -> None:
         self.warmup_iters = warmup_iters
         self.max_graphs = max_graphs
-        self._graphs: dict[tuple, nn.Module] = {}
-        self._names: list[str] = []
+        self._graphs: dict[tuple, Any] = {}
         self.capture_s: list[float] = []
         self.replays = 0
         self._released = 0  # graphs captured and since dropped (see release)
 
     @staticmethod
-    def _split(batch: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    def _split(batch: Mapping[str, Any]) -> tuple[list[str], dict[str, Any], tuple[torch.Tensor, ...], tuple]:
+        """The batch's tensor keys (sorted), its other entries, its tensors, and their signature."""
         keys = sorted(k for k, v in batch.items() if isinstance(v, torch.Tensor))
         static = {k: v for k, v in batch.items() if not isinstance(v, torch.Tensor)}
-        return keys, static
-
-    def __call__(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-        keys, static = self._split(batch)
         tensors = tuple(batch[k] for k in keys)
-        signature = tuple((k, tuple(t.shape), t.dtype) for k, t in zip(keys, tensors))
-        with _autocast_without_cache(tensors[0].device.type):
-            graphed = self._graphs.get(signature)
-            if graphed is None:
-                graphed = self._capture(signature, keys, static, tensors)
-            outputs = graphed(*tensors)
-        self.replays += 1
-        # the graph's outputs are its static buffers, overwritten by the next replay: hand out copies
-        return {name: out.clone() for name, out in zip(self._names, outputs)}
+        return keys, static, tensors, tuple((k, tuple(t.shape), t.dtype) for k, t in zip(keys, tensors))
 
-    def _capture(self, signature: tuple, keys: list[str], static: dict[str, Any],
-                 tensors: tuple[torch.Tensor, ...]) -> nn.Module:
+    def _check_room(self, what: str) -> None:
         if len(self._graphs) >= self.max_graphs:
-            raise RuntimeError(f"accel.cuda_graphs: more than {self.max_graphs} batch shapes; the model's padding "
+            raise RuntimeError(f"accel.cuda_graphs: more than {self.max_graphs} {what} shapes; the model's padding "
                                "should map batches to a few shapes")
-        t0 = time.perf_counter()
-        flat = _FlatLoss(self.owner, self.loss_fn, keys, static, self._names)
-        flat.train(self.owner.training)
-        graphed = torch.cuda.make_graphed_callables(flat, tensors, num_warmup_iters=self.warmup_iters,
-                                                    allow_unused_input=True, **_THREAD_LOCAL_CAPTURE)
-        torch.cuda.synchronize()
-        self.capture_s.append(time.perf_counter() - t0)
-        self._graphs[signature] = graphed
-        return graphed
 
     def release(self) -> None:
         """Drop every captured graph (and its memory pool); the next call of each shape captures anew.
@@ -135,7 +105,48 @@ class GraphedLoss:
                 "replays": self.replays}
 
 
-class GraphedForward:
+class GraphedLoss(_GraphsPerShape):
+    """``loss_fn(batch)`` with forward and backward replayed from a CUDA graph per batch shape.
+
+    Args:
+        owner: the module whose parameters the loss depends on (the LightningModule or its net).
+        loss_fn: batch -> named loss tensors; the batch's tensors must all be on the device.
+        warmup_iters: eager passes before each capture (cuDNN/cuBLAS pick their kernels there).
+        max_graphs: more distinct shapes than this is an error (the padder should prevent it).
+    """
+
+    def __init__(self, owner: nn.Module, loss_fn: LossFn, warmup_iters: int = 3, max_graphs: int = 16) -> None:
+        super().__init__(warmup_iters, max_graphs)
+        self.owner = owner
+        self.loss_fn = loss_fn
+        self._names: list[str] = []
+
+    def __call__(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        keys, static, tensors, signature = self._split(batch)
+        with _autocast_without_cache(tensors[0].device.type):
+            graphed = self._graphs.get(signature)
+            if graphed is None:
+                graphed = self._capture(signature, keys, static, tensors)
+            outputs = graphed(*tensors)
+        self.replays += 1
+        # the graph's outputs are its static buffers, overwritten by the next replay: hand out copies
+        return {name: out.clone() for name, out in zip(self._names, outputs)}
+
+    def _capture(self, signature: tuple, keys: list[str], static: dict[str, Any],
+                 tensors: tuple[torch.Tensor, ...]) -> nn.Module:
+        self._check_room("batch")
+        t0 = time.perf_counter()
+        flat = _FlatLoss(self.owner, self.loss_fn, keys, static, self._names)
+        flat.train(self.owner.training)
+        graphed = torch.cuda.make_graphed_callables(flat, tensors, num_warmup_iters=self.warmup_iters,
+                                                    allow_unused_input=True, **_THREAD_LOCAL_CAPTURE)
+        torch.cuda.synchronize()
+        self.capture_s.append(time.perf_counter() - t0)
+        self._graphs[signature] = graphed
+        return graphed
+
+
+class GraphedForward(_GraphsPerShape):
     """``fn(batch)`` (a forward without gradients: validation) replayed from a CUDA graph per batch shape.
 
     Why: validation runs the model's forward eagerly on unpadded batches (QCNet: compiled units
@@ -158,19 +169,12 @@ class GraphedForward:
     """
 
     def __init__(self, fn: LossFn, warmup_iters: int = 2, max_graphs: int = 16) -> None:
+        super().__init__(warmup_iters, max_graphs)
         self.fn = fn
-        self.warmup_iters = warmup_iters
-        self.max_graphs = max_graphs
-        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]] = {}
         self._pool: Any = None
-        self.capture_s: list[float] = []
-        self.replays = 0
-        self._released = 0
 
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-        keys, static = GraphedLoss._split(batch)
-        tensors = tuple(batch[k] for k in keys)
-        signature = tuple((k, tuple(t.shape), t.dtype) for k, t in zip(keys, tensors))
+        keys, static, tensors, signature = self._split(batch)
         entry = self._graphs.get(signature)
         if entry is None:
             entry = self._capture(signature, keys, static, tensors)
@@ -183,9 +187,7 @@ class GraphedForward:
 
     def _capture(self, signature: tuple, keys: list[str], static: dict[str, Any],
                  tensors: tuple[torch.Tensor, ...]) -> tuple:
-        if len(self._graphs) >= self.max_graphs:
-            raise RuntimeError(f"accel.cuda_graphs: more than {self.max_graphs} validation batch shapes; the "
-                               "model's padding should map batches to a few shapes")
+        self._check_room("validation batch")
         t0 = time.perf_counter()
         inputs = tuple(t.clone() for t in tensors)
         batch = {**static, **dict(zip(keys, inputs))}
@@ -210,14 +212,8 @@ class GraphedForward:
         return entry
 
     def release(self) -> None:
-        """Drop every captured graph and their pool; the next call of each shape captures anew."""
-        self._released += len(self._graphs)
-        self._graphs.clear()
+        super().release()
         self._pool = None
-
-    def describe(self) -> dict[str, Any]:
-        return {"graphs": self._released + len(self._graphs), "capture_s": [round(s, 3) for s in self.capture_s],
-                "replays": self.replays}
 
 
 def settle_cuda_graphs(requested: str, supports_static_shapes: bool, world_size: int,

@@ -41,10 +41,9 @@ from drivebench.accel.settings import set_cudnn_benchmark, set_tf32
 from drivebench.perf.callback import PhaseTimes, StepRecord, StepTimer
 from drivebench.perf.summary import phase_stats
 
-# held as plain values in AccelSettings
-SETTINGS_KNOBS = ("precision", "tf32", "channels_last", "cudnn_benchmark", "fused_optimizer")
-LIVE_KNOBS = ("cuda_graphs", *SETTINGS_KNOBS)
 GRAPHED_KERNEL_KNOBS = ("precision", "tf32", "channels_last", "cudnn_benchmark")  # what a captured graph bakes in
+SETTINGS_KNOBS = (*GRAPHED_KERNEL_KNOBS, "fused_optimizer")  # held as plain values in AccelSettings
+LIVE_KNOBS = ("cuda_graphs", *SETTINGS_KNOBS)
 ALL_WARMUP = 1 << 62  # the step timer's warm-up while the segments run: none of their steps is measured
 
 
@@ -218,10 +217,9 @@ class InRunTrial(pl.Callback):
         for knob in changed:
             switch(knob, setting[knob], trainer, module)
             self.current[knob] = setting[knob]
-        if any(k in GRAPHED_KERNEL_KNOBS for k in changed):
-            for graphed in (getattr(module, "graphed_loss", None), getattr(module, "graphed_eval", None)):
-                if graphed is not None:
-                    graphed.release()  # its graphs hold the old kernels: captured anew at their next call
+        release = getattr(module, "release_cuda_graphs", None)  # a DriveModule's (graphs hold the old kernels)
+        if release is not None and any(k in GRAPHED_KERNEL_KNOBS for k in changed):
+            release()
 
     def _measure(self, segment: _Segment, slower: bool) -> Measurement:
         """The segment's figures, as a short fit of its own would report them (``phase_stats``)."""

@@ -108,14 +108,18 @@ class DriveModule(pl.LightningModule):
         self.graphed_loss = None
         self.graphed_eval = None
 
+    def release_cuda_graphs(self) -> None:
+        """Drop the captured graphs (both kinds); each shape captures anew at its next call."""
+        for graphed in (self.graphed_loss, self.graphed_eval):
+            if graphed is not None:
+                graphed.release()
+
     def on_fit_start(self) -> None:
         # each fit captures its own graphs: Lightning's teardown of a fit frees the cuBLAS workspaces
         # (``_clear_cuda_memory``) that kernels captured during it point to, so replaying them in the
         # next fit (the ceiling after training) read freed memory (seen on the H200: an illegal memory
         # access at the ceiling's first step)
-        for graphed in (self.graphed_loss, self.graphed_eval):
-            if graphed is not None:
-                graphed.release()
+        self.release_cuda_graphs()
 
     def cuda_graphs_report(self) -> dict[str, Any]:
         """Graphs captured, their capture times and replays, plus the model's padding (summary settings);

@@ -100,18 +100,19 @@ class QCNetModule(DriveModule):
     def static_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Pad to a shape bucket (``models/qcnet/static_shapes.py``): same loss, few distinct shapes."""
         if self.padder is None:
-            g = self.net.graph_settings
-            self.padder = StaticShapePadder(g.num_historical_steps, g.num_modes, self.buckets)
+            self.padder = self._padder(self.buckets)
         return self.padder(batch)
+
+    def _padder(self, buckets: ShapeBuckets) -> StaticShapePadder:
+        g = self.net.graph_settings
+        return StaticShapePadder(g.num_historical_steps, g.num_modes, buckets)
 
     def static_val_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Padded like training batches, to buckets of its own: padded agents are never focal, so the metrics
         see the same agents; the training buckets stay those of the training batches."""
         if self.val_padder is None:
-            g = self.net.graph_settings
-            self.val_padder = StaticShapePadder(g.num_historical_steps, g.num_modes,
-                                                ShapeBuckets(growth=self.buckets.growth,
-                                                             max_buckets=self.buckets.max_buckets))
+            buckets = ShapeBuckets(growth=self.buckets.growth, max_buckets=self.buckets.max_buckets)
+            self.val_padder = self._padder(buckets)
         return self.val_padder(batch)
 
     def static_shapes_report(self) -> dict[str, Any]:
