@@ -23,6 +23,7 @@ buffers), and autocast without its weight-cast cache (casts are recorded into th
 
 from __future__ import annotations
 
+import gc
 import inspect
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -96,9 +97,18 @@ class _GraphsPerShape:
 
     def release(self) -> None:
         """Drop every captured graph (and its memory pool); the next call of each shape captures anew.
-        The counts in :meth:`describe` keep the history."""
+        The counts in :meth:`describe` keep the history.
+
+        A capture lives in reference cycles (``make_graphed_callables`` sets a closure over the module as its
+        ``forward``, and keeps the graphs in an autograd Function class made per call), which reference
+        counting never frees: without a collection here, released graphs kept their static buffers and memory
+        pools until Python's next full collection (H200, b37: an ``accel=auto`` run whose in-run trial
+        recaptured at each switch ran out of memory with 125 GiB in graph pools)."""
+        if not self._graphs:
+            return
         self._released += len(self._graphs)
         self._graphs.clear()
+        gc.collect()
 
     def describe(self) -> dict[str, Any]:
         return {"graphs": self._released + len(self._graphs), "capture_s": [round(s, 3) for s in self.capture_s],

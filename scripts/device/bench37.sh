@@ -2,7 +2,7 @@
 # GPU benchmark, part 37 (issue 20, one H200): what b36 left, with training's shape buckets kept next to the
 # compile cache (static_shapes.BucketFile). One part per device call:
 #   LIMIT=580 bash scripts/device/bench37.sh a > /dev/null 2>&1; tail -c 9000 $OUT/log.txt
-#   a  QCNet accel=auto accel.auto_numerics=true then accel=max, training-only, on one Inductor cache (empty before
+#   a  the GPU tests of tests/test_qcnet_static_shapes.py, then QCNet accel=auto accel.auto_numerics=true then accel=max, training-only, on one Inductor cache (empty before
 #      the first): auto against max in one call, the trial's cost with the fused optimizer switched on the run's
 #      own steps (b36: 26.4 s of which 13.9 s short fits of base and fused AdamW), and max starting from auto's
 #      buckets (no FX-graph misses expected)
@@ -19,7 +19,11 @@ warm_qcnet() {
   ls "$TORCHINDUCTOR_CACHE_DIR"/drivebench-shapes 2>/dev/null | tee -a "$OUT/log.txt"
 }
 case "$PART" in
-  a) cold qcnet; run qcnet_auto 330 model=qcnet $T accel=auto accel.auto_numerics=true; trials qcnet_auto; facts qcnet_auto
+  a) log "=== gpu tests (released graphs give their memory back; graphed loss and validation)"
+     timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_qcnet_static_shapes.py -m gpu > "$RUNS/gpu_tests.log" 2>&1
+     rc=$?; tail -15 "$RUNS/gpu_tests.log" | tee -a "$OUT/log.txt"; bundle
+     if (( rc != 0 )); then log "gpu tests failed (rc=$rc): stopping"; exit 1; fi
+     cold qcnet; run qcnet_auto 330 model=qcnet $T accel=auto accel.auto_numerics=true; trials qcnet_auto; facts qcnet_auto
      run qcnet_max 200 model=qcnet $T accel=max; facts qcnet_max ;;
   b) warm_qcnet
      for seed in 2024 2023 2025; do
