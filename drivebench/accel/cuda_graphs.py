@@ -81,6 +81,16 @@ class _GraphsPerShape:
         self.capture_s: list[float] = []
         self.replays = 0
         self._released = 0  # graphs captured and since dropped (see release)
+        self._pool: Any = None
+
+    def _shared_pool(self) -> Any:
+        """One memory pool for every graph of this kind: one graph replays at a time (a training step's forward
+        and its backward back to back), so a capture may reuse the memory of the others' intermediates. With a
+        pool per shape the device held the sum of the shapes' activations (QCNet at max on an H200: 56-67 GiB
+        reserved for a step that allocates 10 GiB, b36), and every recapture added more."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
 
     @staticmethod
     def _split(batch: Mapping[str, Any]) -> tuple[list[str], dict[str, Any], tuple[torch.Tensor, ...], tuple]:
@@ -108,6 +118,7 @@ class _GraphsPerShape:
             return
         self._released += len(self._graphs)
         self._graphs.clear()
+        self._pool = None  # freed with its last graph; the next capture takes a new one
         gc.collect()
 
     def describe(self) -> dict[str, Any]:
@@ -149,7 +160,8 @@ class GraphedLoss(_GraphsPerShape):
         flat = _FlatLoss(self.owner, self.loss_fn, keys, static, self._names)
         flat.train(self.owner.training)
         graphed = torch.cuda.make_graphed_callables(flat, tensors, num_warmup_iters=self.warmup_iters,
-                                                    allow_unused_input=True, **_THREAD_LOCAL_CAPTURE)
+                                                    allow_unused_input=True, pool=self._shared_pool(),
+                                                    **_THREAD_LOCAL_CAPTURE)
         torch.cuda.synchronize()
         self.capture_s.append(time.perf_counter() - t0)
         self._graphs[signature] = graphed
@@ -181,7 +193,6 @@ class GraphedForward(_GraphsPerShape):
     def __init__(self, fn: LossFn, warmup_iters: int = 2, max_graphs: int = 16) -> None:
         super().__init__(warmup_iters, max_graphs)
         self.fn = fn
-        self._pool: Any = None
 
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         keys, static, tensors, signature = self._split(batch)
@@ -208,12 +219,10 @@ class GraphedForward(_GraphsPerShape):
                 for _ in range(self.warmup_iters):
                     self.fn(batch)
             torch.cuda.current_stream().wait_stream(side)
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             # thread_local: see _THREAD_LOCAL_CAPTURE (H200, b36: "operation failed due to a previous error during
             # capture" at a cold run's first validation, in global mode)
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=self._shared_pool(), capture_error_mode="thread_local"):
                 outputs = dict(self.fn(batch))
         torch.cuda.synchronize()
         self.capture_s.append(time.perf_counter() - t0)
@@ -221,9 +230,6 @@ class GraphedForward(_GraphsPerShape):
         self._graphs[signature] = entry
         return entry
 
-    def release(self) -> None:
-        super().release()
-        self._pool = None
 
 
 def settle_cuda_graphs(requested: str, supports_static_shapes: bool, world_size: int,
