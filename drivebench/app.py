@@ -280,17 +280,7 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     module.fused_optimizer = accel.fused_optimizer
     if graphs:
         module.enable_cuda_graphs()
-    # padded shapes live next to the compiled graphs made for them (also for graphs that accel=auto turns on later)
-    module.keep_shapes_in(Path(accel.compile_cache) / "drivebench-shapes", _shape_identity(cfg))
     return run
-
-
-def _shape_identity(cfg: DictConfig) -> dict[str, Any]:
-    """What decides the shapes of a run's training batches (the model's graphs and sizes, the data, the
-    batch size), so that runs agreeing on it share padded shapes (``keep_shapes_in``)."""
-    picked = {key: OmegaConf.select(cfg, key) for key in
-              ("model.name", "model.net", "model.transform", "model.batch_size", "data.source", "data.train_split")}
-    return {key: _plain_config(value) if isinstance(value, DictConfig) else value for key, value in picked.items()}
 
 
 def _device_transform(transform: Any, net: Any, accel: AccelSettings) -> DeviceTransform | None:

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 import lightning.pytorch as pl
 import torch
@@ -130,10 +129,6 @@ class DriveModule(pl.LightningModule):
         if self.graphed_eval is not None and self.graphed_eval.replays:
             report["validation"] = {**self.graphed_eval.describe(), **self.static_val_shapes_report()}
         return report
-
-    def keep_shapes_in(self, directory: Path, identity: Mapping[str, Any]) -> None:
-        """Where a model that pads to shape buckets keeps them between runs, under a name made from
-        ``identity`` (the config that decides the batches' shapes); others have nothing to keep."""
 
     def static_shapes_report(self) -> dict[str, Any]:
         return {}

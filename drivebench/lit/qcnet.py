@@ -3,8 +3,7 @@ and upstream's weight-decay split."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -12,8 +11,7 @@ from torch import nn
 from drivebench.lit.base import DriveModule
 from drivebench.models.qcnet.loss import QCNetLoss
 from drivebench.models.qcnet.metrics import MotionMetrics, constant_velocity_forecast
-from drivebench.data.preprocess import cache_key
-from drivebench.models.qcnet.static_shapes import BucketFile, ShapeBuckets, StaticShapePadder
+from drivebench.models.qcnet.static_shapes import ShapeBuckets, StaticShapePadder
 from drivebench.models.qcnet.vocab import FOCAL_CATEGORY
 
 
@@ -108,14 +106,6 @@ class QCNetModule(DriveModule):
     def _padder(self, buckets: ShapeBuckets) -> StaticShapePadder:
         g = self.net.graph_settings
         return StaticShapePadder(g.num_historical_steps, g.num_modes, buckets)
-
-    def keep_shapes_in(self, directory: Path, identity: Mapping[str, Any]) -> None:
-        """Training's buckets start from those of earlier runs with the same ``identity`` and bucket knobs
-        (``static_shapes.BucketFile``): every seed then pads to shapes a warm compile cache holds. Validation's
-        buckets need no file: its batches come in one order in every run."""
-        b = self.buckets
-        key = cache_key(identity=identity, growth=b.growth, max_buckets=b.max_buckets, multiple=b.multiple)
-        b.keep_in(BucketFile(Path(directory) / f"qcnet-train-{key}.json"))
 
     def static_val_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Padded like training batches, to buckets of its own: padded agents are never focal, so the metrics

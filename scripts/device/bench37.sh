@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# GPU benchmark, part 37 (issue 20, one H200): what b36 left, with training's shape buckets kept next to the
-# compile cache (static_shapes.BucketFile). One part per device call:
+# GPU benchmark, part 37 (issue 20, one H200): what b36 left. Run at 2b0b333, when training's shape buckets were
+# kept next to the compile cache (a BucketFile, removed after these calls: it changed no compile figure; see
+# experiments/results/h200-2026-12-04-b37). One part per device call:
 #   LIMIT=580 bash scripts/device/bench37.sh a > /dev/null 2>&1; tail -c 9000 $OUT/log.txt
 #   a  the GPU tests of tests/test_qcnet_static_shapes.py, then QCNet accel=auto accel.auto_numerics=true then accel=max, training-only, on one Inductor cache (empty before
 #      the first): auto against max in one call, the trial's cost with the fused optimizer switched on the run's
-#      own steps (b36: 26.4 s of which 13.9 s short fits of base and fused AdamW), and max starting from auto's
-#      buckets (no FX-graph misses expected)
-#   b  right after a on the same machine (its cache and bucket file): QCNet convergence accel=max seeds 2024, 2023,
+#      own steps (b36: 26.4 s of which 13.9 s short fits of base and fused AdamW)
+#   b  right after a on the same machine (its cache): QCNet convergence accel=max seeds 2024, 2023,
 #      2025, all warm. b36: the warm first step took 38-48 s with 6 FX-graph misses for shapes of the seed's own
 #   c  MapTR auto then max, training-only (b35 a2: 0.99x on a machine where compile paid for neither)
 #   d  (if time is left) QCNet convergence max with TF32 off, seed 2023: compiles cold (TF32 is in Inductor's key)

@@ -40,7 +40,7 @@ s = json.load(open(sys.argv[1]))
 st = s.get("settings", {})
 cg = st.get("cuda_graphs") or {}
 pad = (cg.get("padding") if isinstance(cg, dict) else None) or {}
-print("  padding:", {k: pad.get(k) for k in ("buckets", "used", "from_store", "growth", "max_buckets", "padded_over_real_rows")},
+print("  padding:", {k: pad.get(k) for k in ("buckets", "growth", "max_buckets", "padded_over_real_rows")},
       "graphs:", {k: cg.get(k) for k in ("graphs", "capture_s")} if isinstance(cg, dict) else cg)
 val = cg.get("validation") if isinstance(cg, dict) else None
 if val:

@@ -10,12 +10,6 @@ and once ``max_buckets`` are open the next one covers every bucket so far, so th
 small. On the embedded bench set (batch 4, 3 epochs simulated) growth 1.15 and ``max_buckets=4``
 open 6 buckets, all within the first 120 batches, and pad about 22% more rows than the batches hold.
 
-Which buckets open depends on the order of the batches, so two seeds pad to different shapes, and
-every shape is a compile of each compiled layer and a graph capture. A :class:`BucketFile` keeps the
-buckets that runs on the same model, data and batch size opened (next to the compile cache, see
-``app.build_run``); a run starts from them, so after a run or two every seed pads to shapes that a
-warm cache already holds (QCNet on an H200: 6 of 42 compiled graphs missed a warm cache for this alone).
-
 Padding never changes the loss or any real node's output:
 
 * padded agents have no valid history step, no step to predict and category 0 (not focal), so the
@@ -32,10 +26,7 @@ step matches an unpadded one to rounding (tested within 1e-5 with dropout off).
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from pathlib import Path
 from typing import Any, Mapping
 
 import torch
@@ -44,7 +35,6 @@ from drivebench.models.qcnet.batch import EDGE_ATTR_KEYS, EDGE_NODE_SPACES, NODE
 
 NODE_SPACES = ("agent", "polygon", "point")
 EDGE_KEYS = tuple(EDGE_NODE_SPACES)
-COUNT_KEYS = frozenset((*NODE_SPACES, *EDGE_KEYS))
 
 
 def batch_counts(batch: Mapping[str, Any]) -> dict[str, int]:
@@ -76,15 +66,6 @@ class ShapeBuckets:
         self.max_buckets = max_buckets
         self.multiple = multiple
         self.buckets: list[dict[str, int]] = []
-        self.store: BucketFile | None = None
-        self.loaded = 0  # buckets that came from the store
-
-    def keep_in(self, store: BucketFile) -> None:
-        """Start from the buckets ``store`` holds and add every bucket opened from now on to it."""
-        self.store = store
-        known = [b for b in store.read() if b not in self.buckets]
-        self.buckets.extend(known)
-        self.loaded += len(known)
 
     @staticmethod
     def needed(counts: Mapping[str, int]) -> dict[str, int]:
@@ -102,45 +83,7 @@ class ShapeBuckets:
             base = {k: max([v, *(b[k] for b in self.buckets)]) for k, v in need.items()}
         bucket = {k: _round_up(max(v, 1) * self.growth, self.multiple) for k, v in base.items()}
         self.buckets.append(bucket)
-        if self.store is not None:
-            self.store.add(bucket)
         return bucket
-
-
-class BucketFile:
-    """Buckets kept on disk between runs (a JSON list; see the module docstring for why).
-
-    Only ever a list of capacities that held real batches: a run that reads a wrong or stale one pads
-    more or opens its own buckets, never computes anything else. An unreadable file counts as empty
-    (``problem`` says why) and is replaced at the next write; writes replace the file atomically.
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.problem: str | None = None
-
-    def read(self) -> list[dict[str, int]]:
-        if not self.path.exists():
-            return []
-        try:
-            entries = json.loads(self.path.read_text())
-            if not isinstance(entries, list):
-                raise ValueError("not a list")
-            buckets = [{str(k): int(v) for k, v in entry.items()} for entry in entries]
-        except (OSError, ValueError, TypeError, AttributeError) as err:
-            self.problem = f"{self.path}: {err}"
-            return []
-        return [b for b in buckets if set(b) == COUNT_KEYS]  # another version's keys: not usable here
-
-    def add(self, bucket: Mapping[str, int]) -> None:
-        """Add ``bucket`` to what the file holds now (another run may have written since we read it)."""
-        buckets = self.read()
-        if dict(bucket) not in buckets:
-            buckets.append(dict(bucket))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps(buckets, indent=1))
-        os.replace(partial, self.path)
 
 
 def _pad_rows(tensor: torch.Tensor, rows: int, value: float | bool | int = 0) -> torch.Tensor:
@@ -199,13 +142,10 @@ class StaticShapePadder:
         self.buckets = buckets or ShapeBuckets()
         self.real_rows = 0
         self.padded_rows = 0
-        self.used: list[dict[str, int]] = []
 
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         counts = batch_counts(batch)
         capacity = self.buckets.choose(counts)
-        if capacity not in self.used:
-            self.used.append(capacity)
         self.real_rows += sum(counts.values())
         self.padded_rows += sum(capacity.values())
         return pad_batch(batch, capacity, self.num_historical_steps, self.num_modes)
@@ -214,19 +154,8 @@ class StaticShapePadder:
         """For the summary: how many shapes, and how much larger the padded batches were."""
         return {
             "buckets": len(self.buckets.buckets),
-            "used": len(self.used),
             "growth": self.buckets.growth,
             "max_buckets": self.buckets.max_buckets,
             "padded_over_real_rows": self.padded_rows / self.real_rows if self.real_rows else None,
             "shapes": [dict(b) for b in self.buckets.buckets],
-            **self._store_report(),
         }
-
-    def _store_report(self) -> dict[str, Any]:
-        store = self.buckets.store
-        if store is None:
-            return {}
-        report: dict[str, Any] = {"store": str(store.path), "from_store": self.buckets.loaded}
-        if store.problem:
-            report["store_problem"] = store.problem
-        return report
