@@ -36,6 +36,19 @@ log = logging.getLogger(__name__)
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
+def leave_stop_signals_to_the_parent() -> None:
+    """In a DataLoader worker: ignore :data:`STOP_SIGNALS`, which the training process handles.
+
+    Why: schedulers and terminals signal a whole process group (GNU ``timeout``, ``kill -TERM -<pgid>``,
+    SLURM's ``scancel`` of a step, Ctrl-C), and torch's workers die on a SIGTERM from anyone but their
+    parent (its handler re-raises the default) or end on SIGINT (KeyboardInterrupt). The training process
+    then lost its loader mid-step and stopped with an error instead of at the next step boundary (seen on
+    the H200, b37: a capped run ended without its last validation scalars). A worker still ends when the
+    training process shuts its loader down or dies (torch's worker watches its parent)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def exit_code(signum: int) -> int:
     """The process's exit status after a stop on ``signum``: 128 + its number (130, 143, 138)."""
     return 128 + int(signum)

@@ -23,7 +23,7 @@ import lightning.pytorch as pl
 import pytest
 
 from drivebench.ckpt.store import CheckpointStore, step_of
-from drivebench.signals import STOP, Interrupted, StopOnSignal, exit_code
+from drivebench.signals import STOP, Interrupted, StopOnSignal, exit_code, signal_name
 from test_ckpt_callback import Toy, ToyData, checkpointing, trainer_for
 from test_ckpt_cli_helpers import (losses, shared_cache, start_training, step_file, summary, train,
                                    wait_for_step)
@@ -219,6 +219,28 @@ def test_sigint_without_checkpoints_and_sigusr1_requeue_side_by_side(tmp_path, c
     assert stop["checkpoint"] and Path(stop["checkpoint"]).parent == tmp_path / "sigusr1" / "checkpoints"
     assert step_of(Path(stop["checkpoint"]).name) == stop["step"]
     assert log.read_text().split() == ["requeue", "4242"] and "SLURM job 4242 requeued" in line
+
+
+def test_a_signal_to_the_whole_process_group_still_stops_at_a_step_boundary(tmp_path, cache):
+    """GNU timeout, ``kill -<pgid>``, SLURM's scancel and Ctrl-C signal every process of the group, loader
+    workers included: torch's workers died on it (SIGTERM) or ended (SIGINT) and the training process lost its
+    loader mid-step ("a second signal: not at a step boundary", H200 b37). The workers leave it to the run."""
+    runs = {signum: start_training(tmp_path / signal_name(signum), cache, "ckpt=none", "accel.num_workers=2",
+                                   "accel.persistent_workers=true", steps=400, start_new_session=True)
+            for signum in (signal.SIGTERM, signal.SIGINT)}
+    for signum, proc in runs.items():
+        deadline = time.monotonic() + 240
+        while len(losses(tmp_path / signal_name(signum))) < 3:  # training has begun, workers feeding it
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.5)
+        os.killpg(proc.pid, signum)
+    for signum, proc in runs.items():
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == exit_code(signum), err[-3000:]
+        stop = summary(tmp_path / signal_name(signum))["run"]["interrupted"]
+        assert stop["at_step_boundary"] is True, err[-3000:]
+        assert f"stopped by {signal_name(signum)} at step {stop['step']}" in _stopped_line(err)
+        assert "DataLoader worker" not in err
 
 
 # requeue=true without resume=auto is refused in one line with exit 2 before any work: one of the bad values

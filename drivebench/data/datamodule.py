@@ -28,6 +28,7 @@ from drivebench.data.epoch_stream import EpochStream
 from drivebench.data.sampling import EpochBatchSampler, RandomBatchSampler
 from drivebench.errors import ConfigError
 from drivebench.locks import exclusive_lock
+from drivebench.signals import leave_stop_signals_to_the_parent
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,8 @@ def _prepare_lock(cache_dir: Any) -> Iterator[None]:
 
 
 class WorkerInit:
-    """``worker_init_fn`` of every loader: numpy's seed, and the worker's threads from the thread budget.
+    """``worker_init_fn`` of every loader: numpy's seed, the worker's threads from the thread budget, and stop
+    signals left to the training process (``signals.leave_stop_signals_to_the_parent``).
 
     numpy's global RNG is otherwise identical in every forked worker (per-sample randomness in our
     datasets comes from (seed, epoch, index) and never from these global states). ``threads``:
@@ -72,6 +74,7 @@ class WorkerInit:
     def __call__(self, worker_id: int) -> None:
         np.random.seed(torch.initial_seed() % 2**32)
         limit_threads(self.threads)
+        leave_stop_signals_to_the_parent()  # a signal to the process group stops training at a step boundary
 
 
 class DriveDataModule(DeviceTransferDataModule):
