@@ -9,7 +9,9 @@ How: :class:`GraphedLoss` keeps one ``torch.cuda.make_graphed_callables`` captur
 shape. The model pads every batch to one of a few shapes first (the LightningModule's
 ``static_batch``; QCNet: ``models/qcnet/static_shapes.py``), so only a few graphs are captured.
 Each capture runs ``warmup_iters`` forward+backward passes on a side stream (no parameter update:
-``torch.autograd.grad``), then records; its step is slow and usually falls in the warm-up steps.
+``torch.autograd.grad``), then records; its step is slow and usually falls in the warm-up steps. All
+shapes' graphs share one memory pool (only one replays at a time), so the device holds one step's
+activations, not one per shape.
 
 Graphs live for one ``Trainer.fit``: the LightningModule releases them when the next fit starts,
 because Lightning frees the cuBLAS workspaces at the end of each fit and captured matmuls point
@@ -229,7 +231,6 @@ class GraphedForward(_GraphsPerShape):
         entry = (graph, inputs, outputs)
         self._graphs[signature] = entry
         return entry
-
 
 
 def settle_cuda_graphs(requested: str, supports_static_shapes: bool, world_size: int,
