@@ -86,6 +86,7 @@ class SignalStop:
 
     def __init__(self) -> None:
         self.received: int | None = None    # the first stop signal of this run (in this process)
+        self.count = 0                      # stop signals this process received in this run
         self.agreed: int | None = None      # a stop every rank agreed on (a peer may have received it)
         self.deferring = 0                  # > 0 while a training phase stops at its next step boundary
         self.forward_to: list[Callable[[], list[subprocess.Popen]]] = []  # rank processes launched here
@@ -99,6 +100,7 @@ class SignalStop:
         if threading.current_thread() is not threading.main_thread():
             return
         self.received = self.agreed = None
+        self.count = 0
         self.deferring = 0
         self._forwarded = set()
         self._pid = os.getpid()
@@ -129,6 +131,7 @@ class SignalStop:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self._pid:
             return  # a forked loader worker: the training process stops it
+        self.count += 1
         first = self.received is None
         if first:
             self.received = signum

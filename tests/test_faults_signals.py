@@ -91,6 +91,7 @@ def test_a_second_signal_stops_at_once(tmp_path, handlers):
         trainer.fit(Toy(), datamodule=ToyData())
     assert stopped.value.signum == signal.SIGINT and stopped.value.exit_code == 130
     assert trainer.global_step == 1 and handlers.deferring == 0
+    assert handlers.count == 2  # the stop line says "a second signal" only then (else: a failure after the signal)
 
 
 def test_outside_training_a_signal_raises_where_the_program_is(handlers):
@@ -224,7 +225,8 @@ def test_sigint_without_checkpoints_and_sigusr1_requeue_side_by_side(tmp_path, c
 def test_a_signal_to_the_whole_process_group_still_stops_at_a_step_boundary(tmp_path, cache):
     """GNU timeout, ``kill -<pgid>``, SLURM's scancel and Ctrl-C signal every process of the group, loader
     workers included: torch's workers died on it (SIGTERM) or ended (SIGINT) and the training process lost its
-    loader mid-step ("a second signal: not at a step boundary", H200 b37). The workers leave it to the run."""
+    loader mid-step (then reported as "a second signal: not at a step boundary", H200 b37). The workers leave it to
+    the run."""
     runs = {signum: start_training(tmp_path / signal_name(signum), cache, "ckpt=none", "accel.num_workers=2",
                                    "accel.persistent_workers=true", steps=400, start_new_session=True)
             for signum in (signal.SIGTERM, signal.SIGINT)}

@@ -272,7 +272,8 @@ class TrainBench:
             if self.stopped is not None:
                 what = f"at step {step}"
             elif self._phase == "training" and step is not None:
-                what = f"during step {step + 1} (a second signal: not at a step boundary)"
+                why = "a second signal" if STOP.count > 1 else "a failure after the signal"
+                what = f"during step {step + 1} ({why}: not at a step boundary)"
             else:
                 what = f"during {self._phase}" + (f" (training reached step {step})" if step is not None else "")
             ckpt = f"; checkpoint {record['checkpoint']}" if record["checkpoint"] else (
