@@ -130,7 +130,7 @@ class SignalStop:
     # ---- the handler -------------------------------------------------------------------------
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self._pid:
-            return  # a forked loader worker: the training process stops it
+            return  # a forked process (a pool worker; a loader worker before its worker_init_fn ignores these)
         self.count += 1
         first = self.received is None
         if first:
