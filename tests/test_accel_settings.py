@@ -184,3 +184,19 @@ def test_numerics_lists_only_knobs_that_act_on_the_run():
     # QCNet: no compile units, no images
     left = {c.split(" ")[0] for c in s.numerics_changes(compiles=False, decodes_on_device=False)}
     assert "compile" not in left and "device_transform=decode" not in left and "precision=bf16-mixed" in left
+
+
+def test_a_checkpointing_choice_made_on_the_run_steps_reaches_the_summary_record():
+    """``accel=auto`` chose checkpointing off on the run's own steps: the run's settings and the summary's
+    ``settings.activation_checkpointing`` say what trained from then on, not what the run was built with."""
+    from types import SimpleNamespace
+
+    from drivebench.bench.runners import _adopt_live_knobs
+
+    accel = AccelSettings.resolve(preset("auto"), _gpu_machine(139.0))
+    run = SimpleNamespace(accel=accel, fused_optimizer="off", activation_checkpointing={
+        "knob": "keep", "model_default": True, "enabled": True, "reason": "model.net.activation_checkpointing"})
+    _adopt_live_knobs(run, {"activation_checkpointing": "off", "cuda_graphs": "off"})
+    assert run.accel.activation_checkpointing == "off"
+    assert run.activation_checkpointing["enabled"] is False and run.activation_checkpointing["model_default"]
+    assert "run's own steps" in run.activation_checkpointing["reason"]

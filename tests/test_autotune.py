@@ -202,7 +202,41 @@ def test_stages_follow_the_machine_the_model_and_auto_numerics():
     assert {n["stage"] for n in gpu_not} == {"device_transform", "compile", "activation_checkpointing",
                                              "channels_last", "cudnn_benchmark"}
     checkpointed, _ = plan_stages(Capabilities(**{**GPU_CAPS.__dict__, "checkpointed": True}), auto_numerics=False)
-    assert next(s for s in checkpointed if s.knob == "activation_checkpointing").values == ("keep", "off")
+    ckpt = next(s for s in checkpointed if s.knob == "activation_checkpointing")
+    assert ckpt.values == ("keep", "off") and not ckpt.live  # not known to fit: short fits
+    fits, _ = plan_stages(Capabilities(**{**GPU_CAPS.__dict__, "checkpointed": True, "checkpointing_live": ""}), False)
+    assert next(s for s in fits if s.knob == "activation_checkpointing").live  # on the run's own steps
+
+
+def test_checkpointing_is_live_only_where_dropping_it_fits_the_device():
+    """``activation_checkpointing=auto``'s rule decides: SparseDrive's measured activations (test size, batch 6)
+    within 25% of a GPU's memory -> live; a GPU four times the saving -> short fits; no GPU, no checkpointing, or a
+    knob resolved at build time -> short fits, each with its reason."""
+    from types import SimpleNamespace
+
+    from drivebench.accel.settings import checkpointing_off_fits
+    from drivebench.bench.autotune import checkpointing_live
+    from drivebench.perf.machine import GPUInfo, MachineInfo
+    from drivebench.models import create_model
+
+    def gpu(memory_gb):
+        return MachineInfo(hostname="h", cpu_model="x", cpu_cores=16, ram_gb=64, shm_gb=32, shm_free_gb=30,
+                           accelerator="cuda", gpus=[GPUInfo(0, "GPU", memory_gb, "9.0")], bf16_supported=True)
+
+    net = create_model("sparsedrive", "test")  # upstream: with_cp=True
+
+    def run(machine, knob="keep", default=True):
+        return SimpleNamespace(activation_checkpointing={"model_default": default}, accel=SimpleNamespace(
+            activation_checkpointing=knob), module=SimpleNamespace(net=net), machine=machine)
+
+    assert checkpointing_live(run(gpu(139.0)), 6) == ""
+    _, _, measured = checkpointing_off_fits(net, gpu(139.0), 6)
+    assert "exceed 25% of device memory" in checkpointing_live(run(gpu(measured["saved_gib_estimate"] * 2)), 6)
+    cpu = MachineInfo(hostname="h", cpu_model="x", cpu_cores=2, ram_gb=64, shm_gb=32, shm_free_gb=30, accelerator="cpu")
+    assert checkpointing_live(run(cpu), 6) == "not a CUDA device"
+    assert "does not checkpoint" in checkpointing_live(run(gpu(139.0), default=False), 6)
+    assert "resolved when the run is built" in checkpointing_live(run(gpu(139.0), knob="auto"), 6)
+    assert net.encoder.backbone.activation_checkpointing  # measuring switched nothing
 
 
 # ---- real trials on the CPU ---------------------------------------------------------------------------

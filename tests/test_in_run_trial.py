@@ -237,3 +237,59 @@ def test_the_timer_counts_every_trial_step_as_warm_up_until_the_search_ends(tmp_
     trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
     trial.on_train_start(trainer, module)
     assert timer.warmup_steps == ALL_WARMUP and trial.phase == "segments"
+
+
+class RecomputingBlock(nn.Module):
+    """A backbone with the switch ``set_activation_checkpointing`` flips (what the ResNets declare); records the
+    switch at each forward, as the ResNets read it."""
+
+    supports_activation_checkpointing = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.activation_checkpointing = True  # upstream's with_cp
+        self.seen: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(self.activation_checkpointing)
+        if self.activation_checkpointing:
+            return torch.utils.checkpoint.checkpoint(self.linear, x, use_reentrant=False)
+        return self.linear(x)
+
+
+def test_activation_checkpointing_switches_on_the_run_own_steps(tmp_path):
+    """The stage live (where dropping the recomputation fits): its segments train the run with checkpointing on,
+    then off; the run goes on with the choice, and the summary's knob follows it."""
+    block_net = RecomputingBlock()
+    stages = [Stage("activation_checkpointing", ("keep", "off"), live=True)]
+    built = {"activation_checkpointing": "keep", "cuda_graphs": "off"}
+
+    class Holder(Tiny):
+        def __init__(self) -> None:
+            super().__init__(compute_s=0.02)
+            self.net = nn.Sequential(block_net)
+
+    module = Holder()
+    timer = StepTimer("train", warmup_steps=1)
+    block = {"preset": "auto", "base": dict(built), "margin": 1.0, "budget_s": 60.0, "cost_s": 0.0, "trials": [],
+             "stopped_by_budget": False, "not_allowed": [], "changed": {}}
+    chosen: list[dict] = []
+    trial = InRunTrial(timer, stages, dict(built), dict(built), block, margin=1.0, steps=3, warmup=1, budget_s=60.0,
+                       units={}, compile_setting={}, on_chosen=chosen.append)
+    data = torch.utils.data.DataLoader(SlowRows(0.0), batch_size=4)
+    trainer = pl.Trainer(max_steps=14, logger=False, callbacks=[timer, trial], enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                         default_root_dir=str(tmp_path))
+    trainer.fit(module, data)
+    rows = [r for r in block["trials"] if r["where"] == "run"]
+    assert [(r["stage"], r["change"], r["status"]) for r in rows] == [
+        ("base", "base", OK), ("activation_checkpointing", "activation_checkpointing=off", OK)]
+    assert block_net.seen[:4] == [True] * 4 and block_net.seen[4:8] == [False] * 4  # keep's segment, then off's
+    value = block["eager_choice"]["activation_checkpointing"]
+    assert chosen == [{"activation_checkpointing": value, "cuda_graphs": "off"}]
+    assert block_net.seen[8:] == [value == "keep"] * (14 - 8)
+    switch("activation_checkpointing", "keep", trainer, module)
+    assert block_net.activation_checkpointing
+    with pytest.raises(ValueError, match="activation_checkpointing='auto' cannot be switched inside a fit"):
+        switch("activation_checkpointing", "auto", trainer, module)

@@ -68,6 +68,7 @@ class Capabilities:
     convolutions: bool              # the net has Conv2d layers (channels-last, cuDNN autotuning)
     worker_cap: int = 16            # most loader workers tried
     checkpointed: bool = False      # the model's backbones recompute activations by default (upstream's with_cp)
+    checkpointing_live: str = "not measured"  # "" where checkpointing off may be timed on the run's own steps, else why not
     fused_optimizer: str = ""        # "" where a fused optimizer can run, else why not (clipping under mixed precision)
 
 
@@ -167,8 +168,10 @@ def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], l
     # compute knobs: max's value on this machine first (what the trial's eager steps cannot judge for the
     # compiled run, a tie keeps); activation checkpointing: upstream's (keep) first, as max keeps it unless it fits
     stage("cuda_graphs", ("on", "off"), no_gpu or caps.cuda_graphs, live=True)
+    # live only where dropping the recomputation is known to fit (activation_checkpointing=auto's rule): an
+    # out-of-memory step on the run's own steps would end the run, in a short fit it only fails its row
     stage("activation_checkpointing", ("keep", "off"),
-          "" if caps.checkpointed else "the model does not checkpoint activations")
+          "" if caps.checkpointed else "the model does not checkpoint activations", live=not caps.checkpointing_live)
     numerics = "" if auto_numerics else "accel.auto_numerics=false (the number format stays fp32)"
     bf16 = "" if (caps.bf16 or not caps.on_gpu) else "the GPU has no bf16"
     stage("precision", ("bf16-mixed", "32-true") if caps.on_gpu else ("32-true", "bf16-mixed"), numerics or bf16,

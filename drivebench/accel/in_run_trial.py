@@ -3,7 +3,8 @@
 Why: a candidate trained as a short fit of its own pays a build, a Trainer start, warm-up steps and a
 teardown before and after a few measured steps (MapTR on an H200: ~7.6 s a candidate, five of them 26% of
 a bounded run). The knobs that can change between two steps of one fit (CUDA graphs, precision, TF32,
-channels-last, cuDNN autotuning, the fused optimizer) need none of that: each of their candidates is a
+channels-last, cuDNN autotuning, the fused optimizer, activation checkpointing where dropping it is known to
+fit in memory) need none of that: each of their candidates is a
 *segment* of the run's own first steps, ``accel.auto_warmup_steps`` after the switch and
 ``accel.auto_steps`` measured, with the same greedy search and margin
 (``drivebench.accel.autotune.search_steps``, driven one step boundary at a time). Those steps train the
@@ -15,8 +16,8 @@ Then compile, as before (``drivebench.accel.compile_judge``): the run was built 
 calls set aside during the segments; they come back (with CUDA graphs where the model allows them) and
 :class:`~drivebench.accel.compile_judge.CompileJudge` keeps or undoes them on the next measured steps.
 
-What cannot switch inside a fit (the loader's knobs, activation checkpointing) is tried before the run in
-short fits (``drivebench.bench.autotune``). The loader's knobs matter only when the loader bounds the
+What cannot switch inside a fit (the loader's knobs; activation checkpointing where its activations might not
+fit: an out-of-memory step would end the run) is tried before the run in short fits (``drivebench.bench.autotune``). The loader's knobs matter only when the loader bounds the
 step: so when nothing else needs a short fit, the run starts at once, and if its first segment waits for
 data (or for the copy to the device) for at least the margin of a step, it stops there with
 :class:`RetuneBeforeRun` and starts again after trials of those knobs.
@@ -41,7 +42,8 @@ from drivebench.accel.settings import set_cudnn_benchmark, set_tf32
 from drivebench.perf.callback import PhaseTimes, StepRecord, StepTimer
 from drivebench.perf.summary import phase_stats
 
-GRAPHED_KERNEL_KNOBS = ("precision", "tf32", "channels_last", "cudnn_benchmark")  # what a captured graph bakes in
+# what a captured graph bakes in (checkpointing: whether backward recomputes the backbone's forward)
+GRAPHED_KERNEL_KNOBS = ("activation_checkpointing", "precision", "tf32", "channels_last", "cudnn_benchmark")
 SETTINGS_KNOBS = (*GRAPHED_KERNEL_KNOBS, "fused_optimizer")  # held as plain values in AccelSettings
 LIVE_KNOBS = ("cuda_graphs", *SETTINGS_KNOBS)
 ALL_WARMUP = 1 << 62  # the step timer's warm-up while the segments run: none of their steps is measured
@@ -83,11 +85,23 @@ def switch(knob: str, value: Any, trainer: pl.Trainer, module: pl.LightningModul
             module.enable_cuda_graphs()  # captures at its next step, one graph per padded shape
         elif value != "on":
             module.disable_cuda_graphs()
+    elif knob == "activation_checkpointing":
+        set_checkpointing(getattr(module, "net", module), str(value))
     elif knob == "fused_optimizer":
         set_fused_optimizer(trainer, bool(value))
         module.fused_optimizer = bool(value)  # what a later fit's configure_optimizers builds (the ceiling)
     else:
         raise ValueError(f"accel.{knob} cannot be switched inside a fit (live knobs: {', '.join(LIVE_KNOBS)})")
+
+
+def set_checkpointing(net: nn.Module, value: str) -> None:
+    """``accel.activation_checkpointing`` between two steps: the backbones read their switch at every forward.
+    The stage exists only where the model checkpoints by default, so ``keep`` is on."""
+    from drivebench.models.common.checkpointing import set_activation_checkpointing
+
+    if value not in ("keep", "off"):
+        raise ValueError(f"accel.activation_checkpointing={value!r} cannot be switched inside a fit (keep, off)")
+    set_activation_checkpointing(net, value == "keep")
 
 
 def set_fused_optimizer(trainer: pl.Trainer, on: bool) -> None:

@@ -245,9 +245,7 @@ class AccelSettings:
         for this batch fit in ``CHECKPOINTING_AUTO_SHARE`` of its memory, kept otherwise. It changes
         memory and time, not arithmetic (tests/test_activation_checkpointing.py).
         """
-        from drivebench.models.common.checkpointing import (
-            checkpointable_backbones, saved_activation_bytes, set_activation_checkpointing,
-        )
+        from drivebench.models.common.checkpointing import checkpointable_backbones, set_activation_checkpointing
 
         backbones = checkpointable_backbones(net)
         record: dict[str, Any] = {"knob": self.activation_checkpointing}
@@ -260,21 +258,9 @@ class AccelSettings:
         if self.activation_checkpointing == "off":
             enabled, reason = False, "accel.activation_checkpointing=off"
         elif self.activation_checkpointing == "auto" and default:
-            shape_of = getattr(net, "backbone_input_shape", None)
-            if machine.accelerator != "cuda" or not machine.gpus:
-                reason = "auto: kept (not a CUDA device)"
-            elif shape_of is None:
-                reason = "auto: kept (the model gives no backbone input shape to measure with)"
-            else:
-                saved = sum(saved_activation_bytes(b, shape_of(batch_size)) for b in backbones) / 2**30
-                budget = CHECKPOINTING_AUTO_SHARE * min(g.memory_gb for g in machine.gpus)
-                record.update(saved_gib_estimate=round(saved, 3), budget_gib=round(budget, 2))
-                if saved <= budget:
-                    enabled, reason = False, (f"auto: off (drops {saved:.2f} GiB of activations at batch {batch_size}, "
-                                              f"within {CHECKPOINTING_AUTO_SHARE:.0%} of device memory)")
-                else:
-                    reason = (f"auto: kept ({saved:.2f} GiB of activations at batch {batch_size} exceed "
-                              f"{CHECKPOINTING_AUTO_SHARE:.0%} of device memory)")
+            fits, why, measured = checkpointing_off_fits(net, machine, batch_size)
+            record.update(measured)
+            enabled, reason = not fits, f"auto: {'off' if fits else 'kept'} ({why})"
         set_activation_checkpointing(net, enabled)
         return {**record, "enabled": enabled, "reason": reason}
 
@@ -301,6 +287,30 @@ class AccelSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def checkpointing_off_fits(net: nn.Module, machine: MachineInfo, batch_size: int) -> tuple[bool, str, dict[str, float]]:
+    """Whether ``net``'s backbones can stop checkpointing for this batch: the activations they would then keep
+    (measured on the meta device, float32) fit in ``CHECKPOINTING_AUTO_SHARE`` of the smallest GPU's memory.
+
+    ``activation_checkpointing=auto``'s rule, and ``accel=auto``'s condition for timing checkpointing off on the
+    run's own steps (a step that runs out of memory there would end the run; a short fit only fails its row).
+    Returns (fits, why, the measured figures for the summary)."""
+    from drivebench.models.common.checkpointing import checkpointable_backbones, saved_activation_bytes
+
+    shape_of = getattr(net, "backbone_input_shape", None)
+    if machine.accelerator != "cuda" or not machine.gpus:
+        return False, "not a CUDA device", {}
+    if shape_of is None:
+        return False, "the model gives no backbone input shape to measure with", {}
+    saved = sum(saved_activation_bytes(b, shape_of(batch_size)) for b in checkpointable_backbones(net)) / 2**30
+    budget = CHECKPOINTING_AUTO_SHARE * min(g.memory_gb for g in machine.gpus)
+    measured = {"saved_gib_estimate": round(saved, 3), "budget_gib": round(budget, 2)}
+    if saved <= budget:
+        return True, (f"drops {saved:.2f} GiB of activations at batch {batch_size}, "
+                      f"within {CHECKPOINTING_AUTO_SHARE:.0%} of device memory"), measured
+    return False, (f"{saved:.2f} GiB of activations at batch {batch_size} exceed "
+                   f"{CHECKPOINTING_AUTO_SHARE:.0%} of device memory"), measured
 
 
 def set_tf32(on: bool) -> None:

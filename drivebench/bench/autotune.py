@@ -32,7 +32,7 @@ from drivebench.accel.autotune import (IN_RUN, SKIPPED, SLOWER_AFTER, Capabiliti
 from drivebench.accel.compile import compile_units
 from drivebench.accel.cuda_graphs import settle_cuda_graphs
 from drivebench.accel.gc_freeze import FreezeHeap
-from drivebench.accel.settings import MAX_LOADER_WORKERS
+from drivebench.accel.settings import MAX_LOADER_WORKERS, checkpointing_off_fits
 from drivebench.data.device_prefetch import DevicePrefetchLoader
 from drivebench.errors import ConfigError
 from drivebench.perf.callback import StepTimer
@@ -95,6 +95,17 @@ def _fit_split(timer: StepTimer, fit_started: float, fit_ended: float) -> dict[s
     last = times.ended if times.ended is not None else times.started + warmup + steps
     return {"start": round(times.started - fit_started, 3), "warmup": round(warmup, 3), "steps": round(steps, 3),
             "end": round(max(fit_ended - last, 0.0), 3)}
+
+
+def checkpointing_live(run: Any, batch_size: int) -> str:
+    """Why ``accel=auto`` cannot time checkpointing off on the run's own steps (it gets short fits), or "": where
+    the activations it would keep are known to fit (``activation_checkpointing=auto``'s rule)."""
+    if not run.activation_checkpointing.get("model_default"):
+        return "the model does not checkpoint activations"
+    if run.accel.activation_checkpointing not in ("keep", "off"):
+        return f"accel.activation_checkpointing={run.accel.activation_checkpointing} is resolved when the run is built"
+    fits, why, _ = checkpointing_off_fits(run.module.net, run.machine, batch_size)
+    return "" if fits else why
 
 
 class AccelTrial:
@@ -259,6 +270,7 @@ class AccelTrial:
             convolutions=any(isinstance(m, nn.Conv2d) for m in net.modules()),
             worker_cap=min(machine.cores_per_device, MAX_LOADER_WORKERS) if on_gpu else max(machine.cpu_cores, 1),
             checkpointed=bool(run.activation_checkpointing.get("model_default")),
+            checkpointing_live=checkpointing_live(run, int(self.cfg.model.batch_size)),
             fused_optimizer=self._fused_optimizer_blocked(run))
 
     def _fused_optimizer_blocked(self, run: Any) -> str:
