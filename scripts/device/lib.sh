@@ -29,7 +29,7 @@ run() {
   local rc=$?
   log "rc=$rc in $(( $(date +%s) - t0 ))s"
   grep -E "^(throughput|step time|data wait|device busy|GPU util|ceiling|efficiency|peak|train loss|val (loss|minADE|minFDE|cv_minFDE|cv_minADE|MR|mAP|mIoU|iou) )" "$RUNS/$name.log" | tee -a "$OUT/log.txt"
-  if (( rc != 0 )); then grep -E "Error|error|Traceback" "$RUNS/$name.log" | tail -6 | tee -a "$OUT/log.txt"; tail -3 "$RUNS/$name.log" >> "$OUT/log.txt"; fi
+  if (( rc != 0 )); then grep -E "Error|error|Traceback" "$RUNS/$name.log" | tail -6 | tee -a "$OUT/log.txt"; tail -c 4000 "$RUNS/$name.log" | tr '\r' '\n' | grep -v "train step:" | tail -3 >> "$OUT/log.txt"; fi
   bundle
 }
 # facts RUN: QCNet's padding, CUDA graphs, compile figures and the verdict from the run's summary

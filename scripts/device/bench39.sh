@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# GPU benchmark, part 39 (issue 20, one H200): what b38 left. One part per device call:
+#   LIMIT=580 bash scripts/device/bench39.sh a > /dev/null 2>&1; tail -c 9000 $OUT/log.txt
+#   a  SparseDrive auto then max, training-only, bench.steps=150, one empty Inductor cache: activation
+#      checkpointing now switches on the run's own steps (b38: 0.957x, trial 49.9 s = 24%, 39 s of it short fits)
+#   b  GaussianFormer, as a (b38: 0.955x, 0.946x on the same steps with max's settings; trial 36.3 s = 24%)
+#   c  QCNet's TF32 ablation on a warm cache (b38 d: both cold runs cut before epoch 4): a short training-only
+#      max run with TF32 off fills an empty cache (TF32 is in Inductor's key), then convergence max TF32 off,
+#      seeds 2023 and 2024, on it
+#   d  MapTR auto then max, as a (b35: 0.99x, trial 7.3%)
+export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
+one_gpu_part "$1"
+C=$QCNET_CONV QM=$QCNET_METRICS T=$TRAIN_ONLY
+pair() {  # pair NAME OVERRIDES...: auto then max on one cache
+  local name=$1; shift
+  cold "$name"; run "${name}_auto" 320 "$@" $T accel=auto accel.auto_numerics=true; trials "${name}_auto"
+  run "${name}_max" 240 "$@" $T accel=max
+}
+case "$PART" in
+  a) pair sparsedrive model=sparsedrive bench.steps=150 ;;
+  b) pair gaussianformer model=gaussianformer bench.steps=150 ;;
+  c) cold qcnet-notf32; run qcnet_fill_notf32 240 model=qcnet $T accel=max accel.tf32=false bench.steps=30
+     for s in 2023 2024; do
+       run qcnet_conv_max_notf32_s${s}_warm 160 $C accel=max accel.tf32=false seed=$s
+       curve qcnet_conv_max_notf32_s${s}_warm $QM; facts qcnet_conv_max_notf32_s${s}_warm
+     done ;;
+  d) pair maptr model=maptr ;;
+  *) log "unknown part $PART (a, b, c, d)"; exit 2 ;;
+esac
+report
+log "part $PART done in $(( $(date +%s) - START ))s"
