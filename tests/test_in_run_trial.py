@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from drivebench.accel.autotune import IN_RUN, OK, SKIPPED, Stage, Trial
-from drivebench.accel.in_run_trial import ALL_WARMUP, InRunTrial, RetuneBeforeRun, switch
+from drivebench.accel.in_run_trial import ALL_WARMUP, InRunTrial, RetuneBeforeRun, close_trial_memory, switch
 from drivebench.perf.callback import StepTimer
 
 STAGES = [Stage("precision", ("32-true", "bf16-mixed"), live=True), Stage("compile", (False, True), in_run=True)]
@@ -293,3 +293,28 @@ def test_activation_checkpointing_switches_on_the_run_own_steps(tmp_path):
     assert block_net.activation_checkpointing
     with pytest.raises(ValueError, match="activation_checkpointing='auto' cannot be switched inside a fit"):
         switch("activation_checkpointing", "auto", trainer, module)
+
+
+def test_the_trial_memory_is_closed_off_on_a_cpu_as_nothing():
+    assert close_trial_memory(torch.device("cpu")) == {}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA caching allocator's peak")
+def test_the_trial_peak_is_recorded_then_the_run_peak_restarts():
+    """A dropped candidate's memory (here 1 GiB held and freed during the 'segments') is the trial's peak, not the
+    run's: the counters restart and the cached block goes back to the driver."""
+    device = torch.device("cuda")
+    big = torch.empty(2**28, dtype=torch.float32, device=device)  # 1 GiB
+    del big
+    peak = close_trial_memory(device)
+    assert peak["peak_device_gb"] >= 1.0 and peak["peak_device_reserved_gb"] >= 1.0
+    assert torch.cuda.max_memory_allocated(device) < 2**29 and torch.cuda.memory_reserved(device) < 2**30
+
+
+def test_the_terminal_summary_gives_the_trial_peak_beside_the_run_peak():
+    from drivebench.perf.summary import render_table
+
+    summary = {"memory": {"peak_device_gb": 30.0},
+               "autotune": {"in_run_trial": {"segments": 5, "peak_device_gb": 54.0}}}
+    assert "30 GiB (after the accel trial; its segments: 54 GiB)" in render_table(summary)
+    assert "(after the accel trial" not in render_table({"memory": {"peak_device_gb": 30.0}})

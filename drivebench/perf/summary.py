@@ -215,7 +215,9 @@ def render_table(summary: dict[str, Any]) -> str:
         rows.append((f"val {key}", _fmt(value) + (f" ({note})" if note else "")))
     mem = summary.get("memory") or {}
     if mem.get("peak_device_gb") is not None:
-        rows.append(("peak device memory", _fmt(mem["peak_device_gb"], " GiB")))
+        trial_peak = ((summary.get("autotune") or {}).get("in_run_trial") or {}).get("peak_device_gb")
+        rows.append(("peak device memory", _fmt(mem["peak_device_gb"], " GiB")
+                     + (f" (after the accel trial; its segments: {_fmt(trial_peak, ' GiB')})" if trial_peak else "")))
     compiled = (summary.get("settings") or {}).get("compile_report") or {}
     if (compiled.get("compile_s") or {}).get("total"):
         counts, state = graphs_from_cache(compiled), compile_cache_state(compiled)
