@@ -200,3 +200,8 @@ def test_a_checkpointing_choice_made_on_the_run_steps_reaches_the_summary_record
     assert run.accel.activation_checkpointing == "off"
     assert run.activation_checkpointing["enabled"] is False and run.activation_checkpointing["model_default"]
     assert "run's own steps" in run.activation_checkpointing["reason"]
+    # a model without a checkpointable backbone: its knob stays what it was built with, and so does the record
+    qcnet = {"knob": "keep", "model_default": None, "enabled": False, "reason": "the model has no checkpointable backbone"}
+    run.activation_checkpointing = dict(qcnet)
+    _adopt_live_knobs(run, {"activation_checkpointing": "keep", "cuda_graphs": "on"})
+    assert run.activation_checkpointing == qcnet

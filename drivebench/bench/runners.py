@@ -559,7 +559,7 @@ def _adopt_live_knobs(run: Run, live: dict[str, Any]) -> None:
         run.accel = dataclasses.replace(run.accel, **fields)
     if "fused_optimizer" in fields:
         run.fused_optimizer = "on" if fields["fused_optimizer"] else "off"
-    if "activation_checkpointing" in fields:
-        value = fields["activation_checkpointing"]
+    value = fields.get("activation_checkpointing")
+    if value is not None and value != run.activation_checkpointing.get("knob"):  # switched on the run's steps
         run.activation_checkpointing = {**run.activation_checkpointing, "knob": value, "enabled": value == "keep",
                                         "reason": f"accel=auto: {value}, timed on the run's own steps (autotune.trials)"}
