@@ -4,23 +4,23 @@ Why: a candidate trained as a short fit of its own pays a build, a Trainer start
 teardown before and after a few measured steps (MapTR on an H200: ~7.6 s a candidate, five of them 26% of
 a bounded run). The knobs that can change between two steps of one fit (CUDA graphs, precision, TF32,
 channels-last, cuDNN autotuning, the fused optimizer, activation checkpointing where dropping it is known to
-fit in memory) need none of that: each of their candidates is a
-*segment* of the run's own first steps, ``accel.auto_warmup_steps`` after the switch and
-``accel.auto_steps`` measured, with the same greedy search and margin
-(``drivebench.accel.autotune.search_steps``, driven one step boundary at a time). Those steps train the
-run, so the trial costs what its segments took beyond the same steps at the setting finally chosen (a
-slower candidate's extra time, a capture, an autotuning), not the steps themselves. The step timer counts
-every trial step as warm-up, so the run's statistics hold only steps at the chosen setting.
+fit in memory) need none of that: each of their candidates is a *segment* of the run's own first steps,
+``accel.auto_warmup_steps`` after the switch and ``accel.auto_steps`` measured, with the same greedy search
+and margin (``drivebench.accel.autotune.search_steps``, driven one step boundary at a time). Those steps
+train the run, so the trial costs what its segments took beyond the same steps at the setting finally
+chosen (a slower candidate's extra time, a capture, an autotuning), not the steps themselves. The step
+timer counts every trial step as warm-up, so the run's statistics hold only steps at the chosen setting.
 
 Then compile, as before (``drivebench.accel.compile_judge``): the run was built compiled, its compiled
 calls set aside during the segments; they come back (with CUDA graphs where the model allows them) and
 :class:`~drivebench.accel.compile_judge.CompileJudge` keeps or undoes them on the next measured steps.
 
 What cannot switch inside a fit (the loader's knobs; activation checkpointing where its activations might not
-fit: an out-of-memory step would end the run) is tried before the run in short fits (``drivebench.bench.autotune``). The loader's knobs matter only when the loader bounds the
-step: so when nothing else needs a short fit, the run starts at once, and if its first segment waits for
-data (or for the copy to the device) for at least the margin of a step, it stops there with
-:class:`RetuneBeforeRun` and starts again after trials of those knobs.
+fit: an out-of-memory step would end the run) is tried before the run in short fits
+(``drivebench.bench.autotune``). The loader's knobs matter only when the loader bounds the step: so when
+nothing else needs a short fit, the run starts at once, and if its first segment waits for data (or for
+the copy to the device) for at least the margin of a step, it stops there with :class:`RetuneBeforeRun`
+and starts again after trials of those knobs.
 """
 
 from __future__ import annotations

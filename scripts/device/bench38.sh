@@ -11,15 +11,10 @@
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 C=$QCNET_CONV QM=$QCNET_METRICS T=$TRAIN_ONLY
-pair() {  # pair NAME OVERRIDES...: auto then max on one cache
-  local name=$1; shift
-  cold "$name"; run "${name}_auto" 320 "$@" $T accel=auto accel.auto_numerics=true; trials "${name}_auto"
-  run "${name}_max" 240 "$@" $T accel=max
-}
 case "$PART" in
-  a) pair maptr model=maptr ;;
-  b) pair sparsedrive model=sparsedrive bench.steps=150 ;;
-  c) pair gaussianformer model=gaussianformer bench.steps=150 ;;
+  a) auto_then_max maptr model=maptr ;;
+  b) auto_then_max sparsedrive model=sparsedrive bench.steps=150 ;;
+  c) auto_then_max gaussianformer model=gaussianformer bench.steps=150 ;;
   d) cold qcnet-notf32; run qcnet_conv_max_notf32_s2023 285 $C accel=max accel.tf32=false seed=2023
      curve qcnet_conv_max_notf32_s2023 $QM; facts qcnet_conv_max_notf32_s2023
      cold qcnet-tf32; run qcnet_conv_max_s2023_cold 285 $C accel=max seed=2023

@@ -11,20 +11,15 @@
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 C=$QCNET_CONV QM=$QCNET_METRICS T=$TRAIN_ONLY
-pair() {  # pair NAME OVERRIDES...: auto then max on one cache
-  local name=$1; shift
-  cold "$name"; run "${name}_auto" 320 "$@" $T accel=auto accel.auto_numerics=true; trials "${name}_auto"
-  run "${name}_max" 240 "$@" $T accel=max
-}
 case "$PART" in
-  a) pair sparsedrive model=sparsedrive bench.steps=150 ;;
-  b) pair gaussianformer model=gaussianformer bench.steps=150 ;;
+  a) auto_then_max sparsedrive model=sparsedrive bench.steps=150 ;;
+  b) auto_then_max gaussianformer model=gaussianformer bench.steps=150 ;;
   c) cold qcnet-notf32; run qcnet_fill_notf32 240 model=qcnet $T accel=max accel.tf32=false bench.steps=30
      for s in 2023 2024; do
        run qcnet_conv_max_notf32_s${s}_warm 160 $C accel=max accel.tf32=false seed=$s
        curve qcnet_conv_max_notf32_s${s}_warm $QM; facts qcnet_conv_max_notf32_s${s}_warm
      done ;;
-  d) pair maptr model=maptr ;;
+  d) auto_then_max maptr model=maptr ;;
   *) log "unknown part $PART (a, b, c, d)"; exit 2 ;;
 esac
 report

@@ -95,3 +95,9 @@ one_gpu_part() {
 QCNET_CONV="+experiment=convergence model=qcnet"
 QCNET_METRICS="val/minFDE val/cv_minFDE"
 TRAIN_ONLY="ckpt=none bench.ceiling=false bench.val_batches=0"
+# auto_then_max NAME OVERRIDES...: accel=auto (numerics allowed) then max, training only, on one empty Inductor cache
+auto_then_max() {
+  local name=$1; shift
+  cold "$name"; run "${name}_auto" 320 "$@" $TRAIN_ONLY accel=auto accel.auto_numerics=true; trials "${name}_auto"
+  run "${name}_max" 240 "$@" $TRAIN_ONLY accel=max
+}
