@@ -4,6 +4,7 @@
 #   a  SparseDrive auto then max, training-only, bench.steps=150, one empty Inductor cache: activation
 #      checkpointing now switches on the run's own steps (b38: 0.957x, trial 49.9 s = 24%, 39 s of it short fits)
 #   b  GaussianFormer, as a (b38: 0.955x, 0.946x on the same steps with max's settings; trial 36.3 s = 24%)
+#      a and b end with a second max run on the same cache: is a 5% gap more than max's own run-to-run spread?
 #   c  QCNet's TF32 ablation on a warm cache (b38 d: both cold runs cut before epoch 4): a short training-only
 #      max run with TF32 off fills an empty cache (TF32 is in Inductor's key), then convergence max TF32 off,
 #      seeds 2023 and 2024, on it
@@ -12,8 +13,10 @@ export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 C=$QCNET_CONV QM=$QCNET_METRICS T=$TRAIN_ONLY
 case "$PART" in
-  a) auto_then_max sparsedrive model=sparsedrive bench.steps=150 ;;
-  b) auto_then_max gaussianformer model=gaussianformer bench.steps=150 ;;
+  a) auto_then_max sparsedrive model=sparsedrive bench.steps=150
+     run sparsedrive_max2 150 model=sparsedrive bench.steps=150 $T accel=max ;;  # max against max: the spread
+  b) auto_then_max gaussianformer model=gaussianformer bench.steps=150
+     run gaussianformer_max2 120 model=gaussianformer bench.steps=150 $T accel=max ;;
   c) cold qcnet-notf32; run qcnet_fill_notf32 240 model=qcnet $T accel=max accel.tf32=false bench.steps=30
      for s in 2023 2024; do
        run qcnet_conv_max_notf32_s${s}_warm 160 $C accel=max accel.tf32=false seed=$s
