@@ -566,3 +566,17 @@ def test_live_knobs_are_timed_on_the_run_and_a_waiting_loader_restarts_it_after_
     assert summary["settings"]["accel"]["precision"] == block["chosen"]["precision"]
     events = list((tmp_path / "run").rglob("events.out.tfevents.*"))
     assert len(events) == 1  # the stopped attempt's TensorBoard file is gone: the run logs from step 0 once
+
+
+def test_the_trial_table_says_why_checkpointing_kept_its_short_fits_and_the_segments_peak():
+    block = {"preset": "auto", "trials": [], "changed": {}, "cost_s": 12.0, "budget_s": 60, "stopped_by_budget": False,
+             "margin": 0.05, "not_allowed": [],
+             "in_run_trial": {"segments": 5, "steps": 72, "wall_s": 40.0, "excess_s": 11.1, "peak_device_gb": 54.0},
+             "capabilities": {"checkpointed": True,
+                              "checkpointing_live": "70.00 GiB of activations at batch 6 exceed 25% of device memory"}}
+    text = render_trials(block)
+    assert ("activation_checkpointing in short fits, not on the run's steps: 70.00 GiB of activations at batch 6 "
+            "exceed 25% of device memory") in text
+    assert "+11.1 s beyond the same steps at the choice (the cost of those rows); their peak 54.0 GiB" in text
+    block["capabilities"]["checkpointing_live"] = ""  # timed on the run's steps: nothing to explain
+    assert "in short fits" not in render_trials(block)

@@ -429,11 +429,15 @@ def render_trials(block: dict[str, Any]) -> str:
     spent = ([f"  the candidates' cost: " + ", ".join(f"{k} {v:.1f} s" for k, v in split.items())
               + " (steps: the measured ones)"] if split else [])
     live = block.get("in_run_trial") or {}
+    caps = block.get("capabilities") or {}
+    if live and caps.get("checkpointed") and caps.get("checkpointing_live"):
+        not_allowed.append(f"  activation_checkpointing in short fits, not on the run's steps: {caps['checkpointing_live']}")
     if live.get("pending"):
         spent.append("  timed next, on the run's own first steps: " + ", ".join(st["knob"] for st in live["stages"]))
     elif live:
         spent.append(f"  on the run's own steps: {live['segments']} segments, {live['steps']} steps in {live['wall_s']:.1f} s, "
-                     f"{live['excess_s']:+.1f} s beyond the same steps at the choice (the cost of those rows)")
+                     f"{live['excess_s']:+.1f} s beyond the same steps at the choice (the cost of those rows)"
+                     + (f"; their peak {live['peak_device_gb']:.1f} GiB" if live.get("peak_device_gb") else ""))
     if block.get("retuned"):
         spent.append(f"  restarted: {block['retuned']['reason']} ({block['retuned']['lost_s']:.1f} s lost)")
     return "\n".join([rule, head, rule, *lines, *not_allowed, *spent, rule])
