@@ -49,18 +49,22 @@ if val:
 print("  compile:", st.get("compile_report") or s.get("compile"), "| bottleneck:", (s.get("bottleneck") or {}).get("verdict"))
 PY
 }
-# curve RUN METRIC...: the validation metric after each epoch (step:value@seconds since training began)
+# curve RUN METRIC...: the validation metric after each epoch (step:value@seconds since training began), also
+# for a run stopped by its cap (its TensorBoard events up to the stop; the report itself skips interrupted runs)
 curve() {
   python3 - "$RUNS/$1" "${@:2}" <<'PY' 2>&1 | tee -a "$OUT/log.txt"
-import sys
-from drivebench.report import load_runs
-from drivebench.report.convergence import validation_curve
-runs = load_runs([sys.argv[1]])
-if runs.runs.empty:
-    sys.exit(f"no completed run in {sys.argv[1]}")
+import json, sys
+from pathlib import Path
+from drivebench.report.events import read_scalars
+run = Path(sys.argv[1])
+files = sorted(run.rglob("events.out.tfevents.*"))
+if not files:
+    sys.exit(f"no TensorBoard events in {run}")
+status = json.loads((run / "summary.json").read_text())["run"]["status"] if (run / "summary.json").exists() else "no summary"
+scalars, _ = read_scalars(files)
 for metric in sys.argv[2:]:
-    c = validation_curve(runs.scalars, str(runs.runs["run_dir"].iloc[0]), metric)
-    print(f"  {metric}: " + " ".join(f"{int(s)}:{v:.4g}@{t:.0f}s" for s, v, t in zip(c["step"], c["value"], c["elapsed_s"])))
+    c = scalars[scalars.tag == metric].sort_values("step")
+    print(f"  {metric} ({status}): " + " ".join(f"{int(s)}:{v:.4g}@{t:.0f}s" for s, v, t in zip(c["step"], c["value"], c["elapsed_s"])))
 PY
 }
 # trials RUN: the accel trial's table and its cost from the run's summary
