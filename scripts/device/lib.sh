@@ -55,15 +55,16 @@ curve() {
   python3 - "$RUNS/$1" "${@:2}" <<'PY' 2>&1 | tee -a "$OUT/log.txt"
 import json, sys
 from pathlib import Path
+from drivebench.report.convergence import validation_curve
 from drivebench.report.events import read_scalars
 run = Path(sys.argv[1])
 files = sorted(run.rglob("events.out.tfevents.*"))
 if not files:
     sys.exit(f"no TensorBoard events in {run}")
 status = json.loads((run / "summary.json").read_text())["run"]["status"] if (run / "summary.json").exists() else "no summary"
-scalars, _ = read_scalars(files)
+scalars = read_scalars(files)[0].assign(run_dir=str(run))
 for metric in sys.argv[2:]:
-    c = scalars[scalars.tag == metric].sort_values("step")
+    c = validation_curve(scalars, str(run), metric)
     print(f"  {metric} ({status}): " + " ".join(f"{int(s)}:{v:.4g}@{t:.0f}s" for s, v, t in zip(c["step"], c["value"], c["elapsed_s"])))
 PY
 }
