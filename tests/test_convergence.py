@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import matplotlib
@@ -18,7 +19,7 @@ import pytest
 
 from conftest import run_cli
 from drivebench.report.analysis import analyse, time_to_target, with_recorded_targets
-from drivebench.report.convergence import convergence_table, convergence_targets, same_convergence
+from drivebench.report.convergence import convergence_table, convergence_targets, same_convergence, with_stopped_runs
 from drivebench.perf.compile_cache import compile_cache_state
 from drivebench.report.tables import convergence_display
 from drivebench.perf.targets import parse_target
@@ -108,6 +109,40 @@ def test_convergence_table_says_how_much_of_the_time_to_target_was_compiling_and
     assert shown.loc["none", "of which compiling"] == "-"
 
 
+def test_a_run_stopped_early_counts_its_time_to_target_but_has_no_final_metric():
+    runs, scalars = _runs([("n1", "none", 2023, [9.0, 7.0, 5.8, 5.0], 90.0), ("n2", "none", 2024, [9.5, 7.5, 5.9, 5.4], 95.0),
+                           ("n3", "none", 2025, [9.4, 7.4], 92.0),            # stopped in epoch 3: never met 6.0
+                           ("m1", "max", 2023, [9.1, 7.1, 5.7, 5.2], 30.0), ("m2", "max", 2024, [9.2, 5.6, 5.3], 31.0)])
+    stopped = runs[runs["run_dir"].isin(["n3", "m2"])]   # m2 stopped in epoch 4, after meeting the target in epoch 2
+    done = runs[~runs["run_dir"].isin(["n3", "m2"])]
+    targets = with_recorded_targets([], runs)
+    followed = with_stopped_runs(analyse(done, scalars, targets), stopped, scalars, targets)
+    assert sorted(followed.loc[followed["stopped"], "run_dir"]) == ["m2", "n3"]
+    assert followed["setting"].iloc[0] == "none"                      # the report's order: the baseline first
+    table = convergence_table(followed, scalars, targets[0]).set_index("setting")
+    assert table.loc["none", "runs"] == 3 and table.loc["none", "finals"] == 2
+    assert table.loc["none", "final_mean"] == pytest.approx(5.2)      # n3's last validation is not a final
+    assert table.loc["none", "reached"] == "2/3" and table.loc["none", "stopped_before_target"] == 1
+    assert table.loc["max", "reached"] == "2/2" and table.loc["max", "stopped_before_target"] == 0
+    assert table.loc["max", "to_target_wall_s_median"] == pytest.approx((90.0 + 62.0) / 2)  # m2's epoch 2 counts
+    assert table.loc["max", "finals"] == 1 and table.loc["max", "final_mean"] == pytest.approx(5.2)
+    assert table.loc["max", "same_as_none"] == "one seed: no spread to judge by"  # one final of max
+    shown = convergence_display(table.reset_index()).set_index("setting")
+    assert shown.loc["none", "reached"] == "2/3 (1 stopped before it)"
+    assert shown.loc["max", "final (mean [min-max])"] == "5.2"
+
+
+def test_with_every_run_stopped_early_the_table_says_so():
+    runs, scalars = _runs([("n1", "none", 2023, [9.0, 7.0], 90.0), ("m1", "max", 2023, [9.1, 5.7], 30.0)])
+    targets = with_recorded_targets([], runs)
+    followed = with_stopped_runs(analyse(runs.iloc[:0], scalars, targets), runs, scalars, targets)
+    shown = convergence_display(convergence_table(followed, scalars, targets[0])).set_index("setting")
+    assert shown.loc["none", "to target (median over seeds)"] == "not reached before the stop"
+    assert shown.loc["max", "to target (median over seeds)"] == "60 s, step 500"
+    assert shown.loc["max", "final (mean [min-max])"] == "- (every run stopped early)"
+    assert shown.loc["max", "final within the seed spread of none"] == "no final metric"
+
+
 def test_same_convergence_needs_two_seeds_of_each_setting():
     assert same_convergence(5.0, math.nan, 5.0, 0.3, 1, 2) == "one seed: no spread to judge by"
     assert same_convergence(5.0, 0.1, 5.25, 0.3, 2, 2) == "yes"
@@ -184,6 +219,35 @@ def test_the_convergence_plot_draws_one_curve_per_run(sweep):
         for line in fig.axes[0].get_lines():
             if "seed 2023" in str(line.get_label()):
                 assert len(line.get_xdata()) == 2              # both epochs' validations
+
+
+def test_a_convergence_job_stopped_by_a_signal_still_reports_its_curve(sweep, tmp_path, capsys):
+    """The report of a folder holding only runs a time cap stopped: their validation curves, the
+    convergence table and plots, exit 0; the runs stay listed as interrupted (no throughput table)."""
+    from drivebench.report.cli import main
+
+    runs = tmp_path / "runs"
+    for src in sweep.glob("*/summary.json"):
+        dst = runs / src.parent.name
+        shutil.copytree(src.parent, dst)
+        summary = json.loads((dst / "summary.json").read_text())
+        summary["run"].update(status="interrupted",  # what drivebench.signals writes on SIGTERM
+                              interrupted={"signal": "SIGTERM", "exit_code": 143, "step": 9, "checkpoint": None})
+        (dst / "summary.json").write_text(json.dumps(summary))
+    label = f"val/loss<={float(_val_loss(next(runs.glob('*none*'))).iloc[0]['value'])!r}"
+    out = tmp_path / "report"
+    assert main([str(runs), f"report.out={out}", f"--target={label}"]) == 0
+    text = capsys.readouterr().out
+    convergence = pd.read_csv(out / "convergence.csv")
+    mine = convergence[convergence["target"] == label].set_index("setting")
+    assert sorted(mine.index) == ["max", "none"] and (mine["finals"] == 0).all()
+    assert mine.loc["none", "reached"] == "1/1"
+    for name in ("convergence_vs_step", "convergence_vs_time"):
+        assert (out / f"{name}.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert not (out / "report.csv").read_text().strip() and not (out / "throughput.png").exists()  # no completed run
+    md = (out / "report.md").read_text()
+    assert f"## Convergence: {label}" in md and "- (every run stopped early)" in md
+    assert md.count("| interrupted |") == 2 and "convergence tables" in text
 
 
 def test_bad_target_and_val_batches_are_refused_before_the_run_is_built(drivebench_cache):

@@ -6,8 +6,8 @@ The report's options are overrides in Hydra's grammar, as everywhere in driveben
 the targets), ``report.dirs=[a,b]``; they are typed by ``drivebench.schemas.ReportOptions`` and composed by
 Hydra, so ``report.outt=x`` is refused with the valid keys. The older ``--out X`` and ``--target X`` mean
 the same. Every other word is a folder of runs. Exit codes: 0 report written; 2 bad input (no such
-folder, no runs, a malformed target or option, or no completed run to compare: crashed runs are still
-listed in report.md).
+folder, no runs, a malformed target or option, or no completed run to compare and no convergence curve:
+crashed runs are still listed in report.md; runs stopped by a signal still count in the convergence tables).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     except PermissionError as err:
         return _fail(f"cannot write the report to {out}: {err}")
     print(result.terminal_text)
-    if result.completed == 0:
+    if result.completed == 0 and not result.convergence:
         return _fail(f"no completed run to compare ({len(result.problems)} did not complete; listed in "
                      f"{result.files['report.md']})")
     return 0

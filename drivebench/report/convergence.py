@@ -9,6 +9,11 @@ seeds), the time-to-target ratio against ``none``, and whether the final metric 
 The same convergence, in numbers: a setting's mean final metric differs from ``none``'s by no more
 than the larger seed-to-seed spread (max - min over seeds) of the two settings. With one seed
 there is no spread to compare against, and the verdict says so instead of guessing.
+
+A run stopped by a signal before its schedule ended (a time cap on a convergence job) counts with
+the validations it logged before the stop: when it met the target is a fact of its curve, so its
+time to target counts; it has no final metric (its schedule did not end), so the final-metric
+columns and the seed spread are over the runs that completed.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import math
 import pandas as pd
 
 from drivebench.perf.targets import Target
-from drivebench.report.analysis import BASELINE_SETTING, GROUP, resolve_metric, target_column
+from drivebench.report.analysis import BASELINE_SETTING, GROUP, add_targets, order_runs, resolve_metric, target_column
 from drivebench.report.events import TRAIN, VALIDATION
 
 MIN_POINTS = 2  # validation at two steps at least: a curve, not the end-of-run figure alone
@@ -48,6 +53,22 @@ def validation_curve(scalars: pd.DataFrame, run_dir: str, metric: str) -> pd.Dat
     return chosen[["step", "elapsed_s", "value"]].reset_index(drop=True)
 
 
+def with_stopped_runs(runs: pd.DataFrame, stopped: pd.DataFrame, scalars: pd.DataFrame,
+                      targets: list[Target]) -> pd.DataFrame:
+    """The analysed completed ``runs`` and the ``stopped`` ones (``loading.RunSet.stopped``) with their time to
+    each target, in the report's order; column ``stopped`` tells them apart."""
+    done = runs.assign(stopped=False)
+    if stopped.empty:
+        return done
+    cut = add_targets(stopped, scalars, targets).assign(stopped=True)
+    return order_runs(pd.concat([done, cut], ignore_index=True) if not done.empty else cut)
+
+
+def is_stopped(row: pd.Series) -> bool:
+    """Whether a row of :func:`with_stopped_runs` was stopped before its schedule ended."""
+    return bool(row.get("stopped", False) == True)  # noqa: E712 (NaN and numpy booleans alike)
+
+
 def convergence_targets(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target]) -> list[Target]:
     """The targets on a validation metric that some run followed over training (>= 2 points)."""
     out = []
@@ -63,14 +84,15 @@ def convergence_targets(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list
 
 
 def convergence_rows(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) -> pd.DataFrame:
-    """The runs that followed ``target``'s metric over training, with its final value (``final``)."""
+    """The runs that followed ``target``'s metric over training, with its final value (``final``; NaN for a
+    run stopped before its schedule ended: its last validation is not a final)."""
     keep, finals = [], []
     for index, row in runs.iterrows():
         curve = validation_curve(scalars, row["run_dir"], target.metric)
         if len(curve) < MIN_POINTS:
             continue
         keep.append(index)
-        finals.append(float(curve["value"].iloc[-1]))
+        finals.append(math.nan if is_stopped(row) else float(curve["value"].iloc[-1]))
     return runs.loc[keep].assign(final=finals)
 
 
@@ -91,8 +113,8 @@ def same_convergence(mean: float, spread: float, base_mean: float, base_spread: 
 def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) -> pd.DataFrame:
     """One row per (machine, model, size, data, setting): final metric over seeds and time to target."""
     rows = convergence_rows(runs, scalars, target)
-    columns = ["machine", "model", "model_size", "setting", "runs", "seeds", "final_mean", "final_min", "final_max",
-               "final_spread", "reached", "to_target_wall_s_median", "to_target_steps_median", "compile_s_median",
+    columns = ["machine", "model", "model_size", "setting", "runs", "seeds", "finals", "final_mean", "final_min",
+               "final_max", "final_spread", "reached", "stopped_before_target", "to_target_wall_s_median", "to_target_steps_median", "compile_s_median",
                "compile_cache", "wall_s_vs_none", "same_as_none"]
     if rows.empty:
         return pd.DataFrame(columns=columns)
@@ -100,15 +122,19 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
     out = []
     for keys, part in rows.groupby([*GROUP, "setting"], dropna=False, sort=False):
         reached = part[part[state] == "reached"]
+        finals = part["final"].dropna()
         out.append({
             **dict(zip([*GROUP, "setting"], keys)),
             "runs": len(part),
             "seeds": ",".join(str(int(s)) for s in sorted(part["seed"].dropna().unique())),
-            "final_mean": float(part["final"].mean()),
-            "final_min": float(part["final"].min()),
-            "final_max": float(part["final"].max()),
-            "final_spread": _spread(part["final"]),
+            "finals": len(finals),  # runs that completed their schedule
+            "final_mean": float(finals.mean()) if len(finals) else math.nan,
+            "final_min": float(finals.min()) if len(finals) else math.nan,
+            "final_max": float(finals.max()) if len(finals) else math.nan,
+            "final_spread": _spread(finals),
             "reached": f"{len(reached)}/{len(part)}",
+            # stopped by a signal without having met it: when (or whether) they would have is unknown
+            "stopped_before_target": int(sum(is_stopped(r) and r[state] != "reached" for _, r in part.iterrows())),
             "to_target_wall_s_median": float(reached[wall].median()) if len(reached) else math.nan,
             "to_target_steps_median": float(reached[steps].median()) if len(reached) else math.nan,
             # the one-time cost inside those seconds (a cold compile decides a short schedule)
@@ -127,7 +153,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             table.loc[index, "wall_s_vs_none"] = (b["to_target_wall_s_median"] / row["to_target_wall_s_median"]
                                                   if row["to_target_wall_s_median"] > 0 else math.nan)
             table.loc[index, "same_as_none"] = same_convergence(row["final_mean"], row["final_spread"], b["final_mean"],
-                                                                b["final_spread"], row["runs"], b["runs"])
+                                                                b["final_spread"], row["finals"], b["finals"])
     return table.reindex(columns=columns)
 
 

@@ -47,9 +47,12 @@ class RunSet:
     """Everything read from a set of folders."""
 
     runs: pd.DataFrame          # one row per completed run (columns: see summary_row)
-    scalars: pd.DataFrame       # run, phase, tag, step, value, wall_time, elapsed_s
+    scalars: pd.DataFrame       # run, phase, tag, step, value, wall_time, elapsed_s (completed and stopped runs)
     problems: list[Problem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # runs stopped by a signal before their schedule ended (also in problems): no throughput figure counts,
+    # but the validation they logged before the stop is a curve the convergence tables can use
+    stopped: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 # ---- small helpers --------------------------------------------------------------------------------
@@ -248,7 +251,8 @@ def _crashed_labels(run: RunDir) -> tuple[str | None, str | None]:
 
 
 def read_summary(run: RunDir) -> tuple[dict[str, Any] | None, Problem | None]:
-    """The run's summary, or the problem that keeps the report from using it."""
+    """The run's summary, or the problem that keeps the report from using it; both for a run stopped by
+    a signal (its summary is whole up to the stop: only the convergence tables use it)."""
     model, accel = _crashed_labels(run)
     if run.summary is None:
         why = "no summary.json: the run crashed (or is still running)"
@@ -266,11 +270,12 @@ def read_summary(run: RunDir) -> tuple[dict[str, Any] | None, Problem | None]:
         return None, Problem(run.path, SKIPPED, str(dig(summary, "skipped", "reason") or "skipped"), model, accel)
     interrupted = dig(summary, "run", "interrupted")
     if status == INTERRUPTED and isinstance(interrupted, dict):  # stopped on purpose (drivebench.signals), not a crash
-        return None, Problem(run.path, INTERRUPTED,
-                             f"stopped by {interrupted.get('signal') or 'a signal'} at step {interrupted.get('step')} "
-                             f"before its schedule ended, so its figures cover part of the run; "
-                             + ("resume=auto continues it from its checkpoint" if interrupted.get("checkpoint")
-                                else "no checkpoint was written: rerun it to use it"), model, accel)
+        return summary, Problem(run.path, INTERRUPTED,
+                                f"stopped by {interrupted.get('signal') or 'a signal'} at step {interrupted.get('step')} "
+                                f"before its schedule ended, so its figures cover part of the run (left out of the "
+                                f"throughput tables; validation it logged counts in the convergence tables); "
+                                + ("resume=auto continues it from its checkpoint" if interrupted.get("checkpoint")
+                                   else "no checkpoint was written: rerun it to use it"), model, accel)
     if status != COMPLETED:
         return None, Problem(run.path, "crashed", f"status is {status!r}, not {COMPLETED!r}", model, accel)
     return summary, None
@@ -287,13 +292,14 @@ def _short_names(paths: list[str]) -> list[str]:
 def load_runs(dirs: list[Path | str], with_scalars: bool = True) -> RunSet:
     """Every run under ``dirs`` as a :class:`RunSet` (raises only when there is no run at all)."""
     run_dirs = find_run_dirs([Path(d) for d in dirs])
-    rows, problems, warnings, scalar_frames = [], [], [], []
+    rows, stopped, problems, warnings, scalar_frames = [], [], [], [], []
     versions: dict[Any, list[str]] = {}
     for run in run_dirs:
         summary, problem = read_summary(run)
         if problem is not None:
             problems.append(problem)
-            continue
+            if summary is None:
+                continue
         assert summary is not None
         version = summary.get("schema_version")
         version = version if isinstance(version, (int, float, str, type(None))) else repr(version)
@@ -301,12 +307,14 @@ def load_runs(dirs: list[Path | str], with_scalars: bool = True) -> RunSet:
         try:
             row = summary_row(summary, run)
         except (AttributeError, TypeError, ValueError, KeyError) as err:  # a section of an unexpected shape
+            if problem is not None:  # a stopped run, listed already: its curve is all it could give
+                continue
             problems.append(Problem(run.path, "unreadable", f"{run.summary} (schema_version "
                                     f"{summary.get('schema_version')!r}) has a section of an unexpected shape: "
                                     f"{type(err).__name__}: {err}", dig(summary, "run", "model"),
                                     dig(summary, "run", "accel")))
             continue
-        rows.append(row)
+        (stopped if problem is not None else rows).append(row)
         if with_scalars and run.event_files:
             frame, errors = read_scalars(run.event_files)
             warnings.extend(errors)
@@ -316,11 +324,14 @@ def load_runs(dirs: list[Path | str], with_scalars: bool = True) -> RunSet:
     for version, paths in unknown.items():
         warnings.append(f"{len(paths)} summary file(s) have schema_version {version!r} (this report reads "
                         f"{', '.join(map(str, KNOWN_SCHEMA_VERSIONS))}); read what is readable, e.g. {paths[0]}")
-    runs = pd.DataFrame(rows)
-    if not runs.empty:
-        runs.insert(0, "run", _short_names(runs["run_dir"].tolist()))
+    names = dict(zip([r["run_dir"] for r in rows + stopped], _short_names([r["run_dir"] for r in rows + stopped])
+                     if rows or stopped else []))
+    runs, stopped_runs = pd.DataFrame(rows), pd.DataFrame(stopped)
+    for frame in (runs, stopped_runs):
+        if not frame.empty:
+            frame.insert(0, "run", frame["run_dir"].map(names))
     scalars = pd.concat(scalar_frames, ignore_index=True) if scalar_frames else pd.DataFrame(
         columns=["run_dir", "phase", "tag", "step", "value", "wall_time", "elapsed_s"])
-    if not runs.empty and not scalars.empty:
-        scalars = scalars.merge(runs[["run_dir", "run"]], on="run_dir", how="left")
-    return RunSet(runs=runs, scalars=scalars, problems=problems, warnings=warnings)
+    if names and not scalars.empty:
+        scalars = scalars.assign(run=scalars["run_dir"].map(names))
+    return RunSet(runs=runs, scalars=scalars, problems=problems, warnings=warnings, stopped=stopped_runs)

@@ -18,7 +18,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from drivebench.report.analysis import Target, setting_order, target_column
-from drivebench.report.convergence import convergence_rows, convergence_targets, threshold_curve, validation_curve
+from drivebench.report.convergence import (convergence_rows, convergence_targets, is_stopped, threshold_curve,
+                                           validation_curve)
 from drivebench.report.events import TRAIN
 
 LOSS_TAG = "train/loss"
@@ -272,9 +273,13 @@ def convergence_figure(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[
         for _, row in part.iterrows():
             curve = validation_curve(scalars, row["run_dir"], target.metric)
             k = nth[row["setting"]] = nth.get(row["setting"], -1) + 1
-            label = f"{row['setting']}{_seed_text(row)} | {row['machine']}"
+            cut = is_stopped(row)
+            label = f"{row['setting']}{_seed_text(row)} | {row['machine']}" + (" (stopped early: x)" if cut else "")
             ax.plot(curve[x], curve["value"], marker="o", markersize=3, linewidth=1.4, color=colours[row["setting"]],
                     linestyle=styles[k % len(styles)], label=label)
+            if cut:  # where its validations end: a stop, not the end of its schedule
+                ax.plot(curve[x].iloc[-1:], curve["value"].iloc[-1:], marker="x", markersize=9,
+                        color=colours[row["setting"]], linestyle="none")
             if row.get(target_column(target, "state")) == "reached":
                 at = row[target_column(target, "steps" if x == "step" else "wall_s")]
                 hit = curve.iloc[(curve[x] - at).abs().argsort()[:1]]
@@ -314,34 +319,39 @@ NOTHING_TO_DRAW = {
 }
 
 
-def figures(runs: pd.DataFrame, scalars: pd.DataFrame,
-            targets: list[Target]) -> dict[str, Callable[[], Figure | None]]:
-    """Name -> a function drawing it (drawn lazily, one at a time, so memory stays flat)."""
-    out: dict[str, Callable[[], Figure | None]] = {
-        "throughput": lambda: throughput_figure(runs) if runs["throughput_median"].notna().any() else None,
-        "data_wait": lambda: data_wait_figure(runs) if runs["data_wait_fraction"].notna().any() else None,
-        "efficiency": lambda: efficiency_figure(runs) if runs["efficiency"].notna().any() else None,
-        "step_breakdown": lambda: step_breakdown_figure(runs) if runs["step_s_mean"].notna().any() else None,
-        "loss_vs_step": lambda: loss_figure(runs, scalars, "step"),
-        "loss_vs_time": lambda: loss_figure(runs, scalars, "elapsed_s"),
-    }
-    if targets:
-        out["time_to_target"] = lambda: time_to_target_figure(runs, targets)
-        out["convergence_vs_step"] = lambda: convergence_figure(runs, scalars, targets, "step")
-        out["convergence_vs_time"] = lambda: convergence_figure(runs, scalars, targets, "elapsed_s")
+def figures(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target],
+            followed: pd.DataFrame | None = None) -> dict[str, Callable[[], Figure | None]]:
+    """Name -> a function drawing it (drawn lazily, one at a time, so memory stays flat). ``followed``: the
+    runs the convergence figures draw (``convergence.with_stopped_runs``: the completed ones and those
+    stopped early); by default ``runs``."""
+    followed = runs if followed is None else followed
+    out: dict[str, Callable[[], Figure | None]] = {}
+    if not runs.empty:
+        out = {
+            "throughput": lambda: throughput_figure(runs) if runs["throughput_median"].notna().any() else None,
+            "data_wait": lambda: data_wait_figure(runs) if runs["data_wait_fraction"].notna().any() else None,
+            "efficiency": lambda: efficiency_figure(runs) if runs["efficiency"].notna().any() else None,
+            "step_breakdown": lambda: step_breakdown_figure(runs) if runs["step_s_mean"].notna().any() else None,
+            "loss_vs_step": lambda: loss_figure(runs, scalars, "step"),
+            "loss_vs_time": lambda: loss_figure(runs, scalars, "elapsed_s"),
+        }
+        if targets:
+            out["time_to_target"] = lambda: time_to_target_figure(runs, targets)
+    if targets and not followed.empty:
+        out["convergence_vs_step"] = lambda: convergence_figure(followed, scalars, targets, "step")
+        out["convergence_vs_time"] = lambda: convergence_figure(followed, scalars, targets, "elapsed_s")
     return out
 
 
 def save_plots(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target], out: Path,
-               skipped: dict[str, str] | None = None) -> dict[str, Path]:
+               skipped: dict[str, str] | None = None, followed: pd.DataFrame | None = None) -> dict[str, Path]:
     """Write every figure that has data as ``<out>/<name>.png``; returns name -> path. A figure left
     out goes into ``skipped`` (name -> why): nothing to draw, or a drawing error, which costs that
-    figure only (a set of runs this report has not met must not cost the rest of the report)."""
+    figure only (a set of runs this report has not met must not cost the rest of the report).
+    ``followed``: as for :func:`figures`."""
     written: dict[str, Path] = {}
     skipped = {} if skipped is None else skipped
-    if runs.empty:
-        return written
-    for name, draw in figures(runs, scalars, targets).items():
+    for name, draw in figures(runs, scalars, targets, followed).items():
         try:
             fig = draw()
             if fig is None:

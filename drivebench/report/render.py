@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from drivebench.report.analysis import Target, analyse, with_recorded_targets
-from drivebench.report.convergence import convergence_table, convergence_targets
+from drivebench.report.convergence import convergence_table, convergence_targets, with_stopped_runs
 from drivebench.report.loading import Problem, RunSet, load_runs
 from drivebench.report.plots import save_plots
 from drivebench.report.scaling import write_scaling
@@ -23,6 +23,7 @@ class ReportResult:
     warnings: list[str]
     files: dict[str, Path] = field(default_factory=dict)
     terminal_text: str = ""
+    convergence: dict[str, pd.DataFrame] = field(default_factory=dict)  # target label -> convergence table
 
     @property
     def completed(self) -> int:
@@ -54,18 +55,20 @@ def terminal_text(runs: pd.DataFrame, targets: list[Target], problems: list[Prob
 def write_report(dirs: list[Path], out: Path, targets: list[Target]) -> ReportResult:
     """The whole report for ``dirs`` into ``out`` (created if needed); ``targets`` and those the runs recorded."""
     runset = load_runs(dirs)
-    targets = with_recorded_targets(targets, runset.runs)
+    targets = with_recorded_targets(with_recorded_targets(targets, runset.runs), runset.stopped)
     runs = analyse(runset.runs, runset.scalars, targets)
+    # a convergence job stopped by its time cap still tells when it met a target
+    followed = with_stopped_runs(runs, runset.stopped, runset.scalars, targets)
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
     skipped: dict[str, str] = {}
-    plots = save_plots(runs, runset.scalars, targets, out, skipped) if not runs.empty else {}
+    plots = save_plots(runs, runset.scalars, targets, out, skipped, followed)
     runset.warnings.extend(f"{name}.png not written: {why}" for name, why in skipped.items())
     csv = out / "report.csv"
     write_csv(csv, runs)
     files["report.csv"] = csv
-    convergence = {t.label: convergence_table(runs, runset.scalars, t)
-                   for t in convergence_targets(runs, runset.scalars, targets)}
+    convergence = {t.label: convergence_table(followed, runset.scalars, t)
+                   for t in convergence_targets(followed, runset.scalars, targets)}
     if convergence:
         frames = [table.assign(target=label) for label, table in convergence.items()]
         files["convergence.csv"] = out / "convergence.csv"
@@ -84,4 +87,4 @@ def write_report(dirs: list[Path], out: Path, targets: list[Target]) -> ReportRe
         head, sep, written = text.rpartition("\nwritten: ")
         text = f"{head}\n{scaling.text()}{sep}{written}" if sep else f"{text}\n{scaling.text()}"
     return ReportResult(runs=runs, problems=runset.problems, warnings=runset.warnings, files=files,
-                        terminal_text=text)
+                        terminal_text=text, convergence=convergence)

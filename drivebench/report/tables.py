@@ -144,13 +144,22 @@ def val_tables(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
 def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
     """A convergence table (``report.convergence.convergence_table``) as the report shows it."""
     def final(r: pd.Series) -> str:
-        if r["runs"] < 2:
+        finals = r.get("finals", r["runs"])
+        if finals == 0:
+            return "- (every run stopped early)"
+        if finals < 2:
             return fmt(r["final_mean"], digits=4)
         return f"{fmt(r['final_mean'], digits=4)} [{fmt(r['final_min'], digits=4)}-{fmt(r['final_max'], digits=4)}]"
 
     def to_target(r: pd.Series) -> str:
         wall = fmt(r["to_target_wall_s_median"], unit=" s")
-        return f"{wall}, step {r['to_target_steps_median']:.0f}" if wall else "not reached"
+        if wall:
+            return f"{wall}, step {r['to_target_steps_median']:.0f}"
+        return "not reached before the stop" if r.get("stopped_before_target", 0) == r["runs"] else "not reached"
+
+    def reached(r: pd.Series) -> str:
+        cut = r.get("stopped_before_target", 0)
+        return f"{r['reached']} ({cut:.0f} stopped before it)" if cut and cut > 0 else str(r["reached"])
 
     def compiling(r: pd.Series) -> str:
         seconds = fmt(r.get("compile_s_median", math.nan), unit=" s")
@@ -162,7 +171,7 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
         "setting": table["setting"], "seeds": table["seeds"],
         "final (mean [min-max])": [final(r) for _, r in table.iterrows()],
         "seed spread": table["final_spread"].map(lambda v: fmt(v, digits=3)),
-        "reached": table["reached"],
+        "reached": [reached(r) for _, r in table.iterrows()],
         "to target (median over seeds)": [to_target(r) for _, r in table.iterrows()],
         "of which compiling": [compiling(r) for _, r in table.iterrows()],
         "time to target, none / this": table["wall_s_vs_none"].map(lambda v: fmt(v, unit="x")),
@@ -220,6 +229,20 @@ def write_markdown(path: Path, runs: pd.DataFrame, targets: list[Target], proble
     parts = ["# drivebench report", "",
              f"Runs read from: {', '.join(f'`{s}`' for s in sources)}. {len(runs)} completed run(s), "
              f"{len(problems)} not usable.", ""]
+    convergence_sections = []
+    for label, table in (convergence or {}).items():
+        convergence_sections += [
+            f"## Convergence: {label}", "",
+            "Runs that validated during training. Final: the last validation's value, mean over the "
+            "setting's seeds [min-max]; seed spread: max - min. To target: the first validation that "
+            "met it, median over the seeds that reached it (wall time since training began). The "
+            "final metric is within the seed spread of none when the two means differ by at most the "
+            "larger spread of the two settings (needs two seeds of each). A run stopped by a signal before "
+            "its schedule ended counts with the validations it logged: its time to target if it met it "
+            "before the stop, no final metric.", "",
+            to_markdown(convergence_display(table)), ""]
+    if runs.empty:
+        parts += convergence_sections
     if not runs.empty:
         parts += ["## Runs", "",
                   "Throughput: samples/s of one process, median over the measured steps (warm-up excluded) "
@@ -232,14 +255,7 @@ def write_markdown(path: Path, runs: pd.DataFrame, targets: list[Target], proble
         if not verdicts.empty:
             parts += ["## Bottlenecks", "", "What bounds each run's step, the numbers that decided it and the knob "
                       "to try next (rules and thresholds: docs/summary.md).", "", to_markdown(verdicts), ""]
-        for label, table in (convergence or {}).items():
-            parts += [f"## Convergence: {label}", "",
-                      "Runs that validated during training. Final: the last validation's value, mean over the "
-                      "setting's seeds [min-max]; seed spread: max - min. To target: the first validation that "
-                      "met it, median over the seeds that reached it (wall time since training began). The "
-                      "final metric is within the seed spread of none when the two means differ by at most the "
-                      "larger spread of the two settings (needs two seeds of each).", "",
-                      to_markdown(convergence_display(table)), ""]
+        parts += convergence_sections
         for model, table in val_tables(runs).items():
             parts += [f"## Validation: {model}", "", to_markdown(table), ""]
         parts += ["## Machines", "", to_markdown(machines_table(runs)), ""]
