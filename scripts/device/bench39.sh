@@ -9,6 +9,10 @@
 #      max run with TF32 off fills an empty cache (TF32 is in Inductor's key), then convergence max TF32 off,
 #      seeds 2023 and 2024, on it
 #   d  MapTR auto then max, as a (b35: 0.99x, trial 7.3%)
+#   e  MapTR's learning curve on a longer schedule (b24: mAP 0.035 at best in 6 epochs, target 0.05): max only,
+#      24 epochs (warm-up 48 + cosine over 1152 steps), nano (R18, 80x40 BEV: 110 epochs upstream) then tiny;
+#      a bounded nano none run for its step time. Says which size and schedule reach the target, and whether a
+#      none run of it fits one call
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 C=$QCNET_CONV QM=$QCNET_METRICS T=$TRAIN_ONLY
@@ -23,7 +27,13 @@ case "$PART" in
        curve qcnet_conv_max_notf32_s${s}_warm $QM; facts qcnet_conv_max_notf32_s${s}_warm
      done ;;
   d) auto_then_max maptr model=maptr ;;
-  *) log "unknown part $PART (a, b, c, d)"; exit 2 ;;
+  e) M24="+experiment=convergence model=maptr model.convergence.max_epochs=24 model.convergence.scheduler.total_steps=1152"
+     for size in nano tiny; do
+       cold "maptr-$size"; run maptr_${size}_conv24_max 330 $M24 model.size=$size accel=max seed=2023
+       curve maptr_${size}_conv24_max val/mAP
+     done
+     run maptr_nano_none_steps 90 model=maptr model.size=nano $T accel=none bench.steps=40 ;;
+  *) log "unknown part $PART (a, b, c, d, e)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"

@@ -50,7 +50,7 @@ print("  compile:", st.get("compile_report") or s.get("compile"), "| bottleneck:
 PY
 }
 # curve RUN METRIC...: the validation metric after each epoch (step:value@seconds since training began), also
-# for a run stopped by its cap (its TensorBoard events up to the stop; the report itself skips interrupted runs)
+# for a run stopped by its cap (its TensorBoard events up to the stop; the report counts them too, since 76fe9b3)
 curve() {
   python3 - "$RUNS/$1" "${@:2}" <<'PY' 2>&1 | tee -a "$OUT/log.txt"
 import json, sys
