@@ -19,7 +19,8 @@ import pytest
 
 from conftest import run_cli
 from drivebench.report.analysis import analyse, time_to_target, with_recorded_targets
-from drivebench.report.convergence import convergence_table, convergence_targets, same_convergence, with_stopped_runs
+from drivebench.report.convergence import (convergence_table, convergence_targets, same_convergence, too_easy,
+                                           with_stopped_runs)
 from drivebench.perf.compile_cache import compile_cache_state
 from drivebench.report.tables import convergence_display
 from drivebench.perf.targets import parse_target
@@ -141,6 +142,18 @@ def test_with_every_run_stopped_early_the_table_says_so():
     assert shown.loc["max", "to target (median over seeds)"] == "60 s, step 500"
     assert shown.loc["max", "final (mean [min-max])"] == "- (every run stopped early)"
     assert shown.loc["max", "final within the seed spread of none"] == "no final metric"
+
+
+def test_a_target_met_at_the_first_validation_is_flagged_as_too_easy():
+    runs, scalars = _runs([("n1", "none", 2023, [5.0, 4.0], 90.0), ("m1", "max", 2023, [5.5, 4.2], 30.0)])
+    easy, hard = parse_target("val/minFDE<=0.5*val/cv_minFDE"), parse_target("val/minFDE<=0.35*val/cv_minFDE")
+    analysed = analyse(runs, scalars, [easy, hard])
+    table = convergence_table(analysed, scalars, easy).set_index("setting")
+    assert table["reached_at_first_validation"].tolist() == [1, 1] and too_easy(table)  # 5.0, 5.5 <= 6.0 at step 250
+    assert convergence_display(table.reset_index())["reached"].tolist() == ["1/1 (1 at the first validation)"] * 2
+    table = convergence_table(analysed, scalars, hard).set_index("setting")  # 4.2 > 4.0 >= 4.0: none at epoch 2 only
+    assert table["reached_at_first_validation"].tolist() == [0, 0] and not too_easy(table)
+    assert table.loc["none", "reached"] == "1/1" and table.loc["max", "reached"] == "0/1"
 
 
 def test_same_convergence_needs_two_seeds_of_each_setting():

@@ -86,14 +86,22 @@ def convergence_targets(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list
 def convergence_rows(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) -> pd.DataFrame:
     """The runs that followed ``target``'s metric over training, with its final value (``final``; NaN for a
     run stopped before its schedule ended: its last validation is not a final)."""
-    keep, finals = [], []
+    keep, finals, firsts = [], [], []
     for index, row in runs.iterrows():
         curve = validation_curve(scalars, row["run_dir"], target.metric)
         if len(curve) < MIN_POINTS:
             continue
         keep.append(index)
         finals.append(math.nan if is_stopped(row) else float(curve["value"].iloc[-1]))
-    return runs.loc[keep].assign(final=finals)
+        firsts.append(float(curve["step"].iloc[0]))
+    return runs.loc[keep].assign(final=finals, first_validation_step=firsts)
+
+
+def met_at_first_validation(row: pd.Series, target: Target) -> bool:
+    """Whether a row of :func:`convergence_rows` met ``target`` the first time it validated: its time to
+    target is then the time to its first validation, whatever the model learnt."""
+    return (row[target_column(target, "state")] == "reached"
+            and row[target_column(target, "steps")] == row["first_validation_step"])
 
 
 def _spread(values: pd.Series) -> float:
@@ -114,7 +122,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
     """One row per (machine, model, size, data, setting): final metric over seeds and time to target."""
     rows = convergence_rows(runs, scalars, target)
     columns = ["machine", "model", "model_size", "setting", "runs", "seeds", "finals", "final_mean", "final_min",
-               "final_max", "final_spread", "reached", "stopped_before_target", "to_target_wall_s_median", "to_target_steps_median", "compile_s_median",
+               "final_max", "final_spread", "reached", "stopped_before_target", "reached_at_first_validation", "to_target_wall_s_median", "to_target_steps_median", "compile_s_median",
                "compile_cache", "wall_s_vs_none", "same_as_none"]
     if rows.empty:
         return pd.DataFrame(columns=columns)
@@ -135,6 +143,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             "reached": f"{len(reached)}/{len(part)}",
             # stopped by a signal without having met it: when (or whether) they would have is unknown
             "stopped_before_target": int(sum(is_stopped(r) and r[state] != "reached" for _, r in part.iterrows())),
+            "reached_at_first_validation": int(sum(met_at_first_validation(r, target) for _, r in part.iterrows())),
             "to_target_wall_s_median": float(reached[wall].median()) if len(reached) else math.nan,
             "to_target_steps_median": float(reached[steps].median()) if len(reached) else math.nan,
             # the one-time cost inside those seconds (a cold compile decides a short schedule)
@@ -155,6 +164,13 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             table.loc[index, "same_as_none"] = same_convergence(row["final_mean"], row["final_spread"], b["final_mean"],
                                                                 b["final_spread"], row["finals"], b["finals"])
     return table.reindex(columns=columns)
+
+
+def too_easy(table: pd.DataFrame) -> bool:
+    """Whether every run of a convergence table that met its target met it at its first validation: then
+    the time to target measures how soon a run first validates, not how soon it learns."""
+    reached = sum(int(str(r).split("/")[0]) for r in table["reached"]) if not table.empty else 0
+    return reached > 0 and int(table["reached_at_first_validation"].sum()) == reached
 
 
 def threshold_curve(scalars: pd.DataFrame, run_dir: str, target: Target) -> pd.DataFrame | None:

@@ -158,8 +158,13 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
         return "not reached before the stop" if r.get("stopped_before_target", 0) == r["runs"] else "not reached"
 
     def reached(r: pd.Series) -> str:
-        cut = r.get("stopped_before_target", 0)
-        return f"{r['reached']} ({cut:.0f} stopped before it)" if cut and cut > 0 else str(r["reached"])
+        notes = []
+        first, cut = r.get("reached_at_first_validation", 0), r.get("stopped_before_target", 0)
+        if first and first > 0:
+            notes.append(f"{first:.0f} at the first validation")
+        if cut and cut > 0:
+            notes.append(f"{cut:.0f} stopped before it")
+        return f"{r['reached']} ({'; '.join(notes)})" if notes else str(r["reached"])
 
     def compiling(r: pd.Series) -> str:
         seconds = fmt(r.get("compile_s_median", math.nan), unit=" s")
@@ -239,7 +244,9 @@ def write_markdown(path: Path, runs: pd.DataFrame, targets: list[Target], proble
             "final metric is within the seed spread of none when the two means differ by at most the "
             "larger spread of the two settings (needs two seeds of each). A run stopped by a signal before "
             "its schedule ended counts with the validations it logged: its time to target if it met it "
-            "before the stop, no final metric.", "",
+            "before the stop, no final metric. A run that met the target at its first validation took as "
+            "long as its first epoch, whatever it learnt: a target every run meets there does not compare "
+            "convergence.", "",
             to_markdown(convergence_display(table)), ""]
     if runs.empty:
         parts += convergence_sections
