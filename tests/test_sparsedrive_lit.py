@@ -104,7 +104,7 @@ def test_perfect_detections_score_full_car_ap() -> None:
     assert result["det/AP/car"] == pytest.approx(1.0)
     assert result["det/mATE"] < 1.0 and 0.0 < result["det/NDS"] <= 1.0
     assert "track/AMOTA" in result  # the stage-2 bank's track ids, scored per scene
-    assert "map/mAP" in result and "plan/L2_avg" in result
+    assert "map/mAP" in result and "plan/L2_avg" in result and "plan/cv_L2_avg" in result  # with its reference
 
 
 def test_stage_one_validation_scores_detection_tracking_and_map(tmp_path) -> None:

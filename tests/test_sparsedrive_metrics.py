@@ -13,7 +13,7 @@ from drivebench.models.common.map_metrics import ChamferMapAP
 from drivebench.models.sparsedrive.boxes import box_corners_2d, boxes_overlap_bev
 from drivebench.models.sparsedrive.decode import decode_map, decode_planning
 from drivebench.models.sparsedrive.detection_metric import DetectionMetric
-from drivebench.models.sparsedrive.metrics import MotionMetric, PlanningMetric
+from drivebench.models.sparsedrive.metrics import MotionMetric, PlanningMetric, constant_velocity_plan
 from drivebench.models.sparsedrive.model import DETECTION_CLASSES, MAP_CLASSES
 from drivebench.models.sparsedrive.motion import MotionPlanOutput
 from drivebench.models.sparsedrive.sparse_head import HeadOutput
@@ -181,6 +181,27 @@ def test_planning_l2_and_collision_hand_case(forward_yaw: float) -> None:
     away = _turn(np.stack([np.zeros(6), np.arange(1, 7) * 3.0], -1), forward_yaw)[None]  # 3 m/step to the left
     moving.update(plan, gt_plan, mask, parked, away, np.ones((1, 6), dtype=bool))
     assert moving.compute()["plan/col_avg"] == 0.0
+
+
+def test_constant_velocity_plan_turns_the_can_bus_velocity_into_the_lidar_frame() -> None:
+    # nuScenes' LIDAR_TOP: yawed -90 deg on the ego, so ego x (forward) is lidar +y
+    lidar2ego = np.eye(4)
+    lidar2ego[:3, :3] = [[0.0, 1.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]
+    status = np.zeros(10)
+    status[6:9] = [4.0, 0.5, 0.0]  # 4 m/s forward, 0.5 m/s to the left
+    cv = constant_velocity_plan(status, lidar2ego)
+    np.testing.assert_allclose(cv[0], [-0.25, 2.0])          # left is lidar -x, forward lidar +y, after 0.5 s
+    np.testing.assert_allclose(cv[-1], 6 * cv[0])
+    metric = PlanningMetric(forward_yaw=math.pi / 2)
+    gt = np.stack([np.zeros(6), np.arange(1, 7) * 2.0], -1)  # straight ahead at 4 m/s
+    metric.update(gt, gt, np.ones(6, dtype=bool), np.zeros((0, 9)), np.zeros((0, 6, 2)), np.zeros((0, 6), bool), cv)
+    out = metric.compute()
+    # the cv plan drifts 0.25 m left per step: mean L2 over steps 1-2, 1-4, 1-6
+    assert out["plan/cv_L2_1s"] == pytest.approx(0.375) and out["plan/cv_L2_3s"] == pytest.approx(0.875)
+    assert out["plan/cv_L2_avg"] == pytest.approx((0.375 + 0.625 + 0.875) / 3) and out["plan/L2_avg"] == 0.0
+    without = PlanningMetric()
+    without.update(gt, gt, np.ones(6, dtype=bool), np.zeros((0, 9)), np.zeros((0, 6, 2)), np.zeros((0, 6), bool))
+    assert not any(k.startswith("plan/cv_") for k in without.compute())
 
 
 def test_planning_decoder_takes_the_command_and_avoids_collisions() -> None:

@@ -27,7 +27,7 @@ from drivebench.lit.param_groups import backbone_and_name_decay_groups
 from drivebench.models.common.map_metrics import CHAMFER_THRESHOLDS, ChamferMapAP
 from drivebench.models.sparsedrive.decode import decode_detections, decode_map, decode_motion, decode_planning
 from drivebench.models.sparsedrive.detection_metric import DetectionMetric
-from drivebench.models.sparsedrive.metrics import MotionMetric, PlanningMetric, metric_notes
+from drivebench.models.sparsedrive.metrics import MotionMetric, PlanningMetric, constant_velocity_plan, metric_notes
 from drivebench.models.sparsedrive.model import DETECTION_CLASSES, MAP_CLASSES, SparseDriveOutput
 from drivebench.models.sparsedrive.tracking_metric import TrackingMetric
 
@@ -145,10 +145,13 @@ class SparseDriveModule(DriveModule):
             fut_mask = [m.cpu().numpy().astype(bool) for m in batch["gt_agent_fut_masks"]]
             ego_gt = batch["gt_ego_fut_trajs"].float().cpu().numpy()
             ego_mask = batch["gt_ego_fut_masks"].cpu().numpy().astype(bool)
+            status = batch["ego_status"].float().cpu().numpy() if "ego_status" in batch else None
             for i in range(b):
                 self.motion_metric.update(det_np["boxes"][i], det_np["cls_scores"][i], det_np["labels"][i], trajs_np[i],
                                           gt_boxes[i], gt_labels[i], fut[i], fut_mask[i])
-                self.planning_metric.update(plan_np[i], ego_gt[i], ego_mask[i], gt_boxes[i], fut[i], fut_mask[i])
+                cv = (constant_velocity_plan(status[i], l2e[i], self.planning_metric.steps) if status is not None
+                      else None)
+                self.planning_metric.update(plan_np[i], ego_gt[i], ego_mask[i], gt_boxes[i], fut[i], fut_mask[i], cv)
 
     # ---- anchors -----------------------------------------------------------------------------
     def setup(self, stage: str) -> None:

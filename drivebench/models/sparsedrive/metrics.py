@@ -11,6 +11,9 @@
   check (ego 4.084 x 1.85 m, 0.5 m ahead of the plan point, heading from the plan) against GT
   agent boxes moved along their GT futures (heading kept from the current frame: the batch
   contract carries future centres, not future boxes).
+  Beside it, the same L2 of a constant-velocity plan (``plan/cv_L2_*``: the ego's CAN-bus velocity
+  held for 3 s), the reference a planner must beat, as QCNet's ``cv_minFDE`` is for forecasts (the
+  convergence target is relative to it).
 - map chamfer AP: ``drivebench.models.common.map_metrics`` (shared with MapTR).
 """
 
@@ -29,6 +32,15 @@ from drivebench.models.sparsedrive.decode import ego_boxes
 from drivebench.models.sparsedrive.detection_metric import greedy_center_match
 
 MOTION_GROUPS = {"car": (0, 1, 2, 3, 4, 6, 7), "pedestrian": (8,)}
+PLAN_STEP_S = 0.5  # nuScenes key frames: the ego future is 6 steps of 0.5 s
+
+
+def constant_velocity_plan(ego_status: np.ndarray, lidar2ego: np.ndarray, steps: int = 6) -> np.ndarray:
+    """(steps, 2) ego positions in the LiDAR frame if the ego kept its current velocity: the CAN-bus
+    velocity of ``ego_status`` (the batch contract's items 6-8, ego frame) turned into the LiDAR frame,
+    times 0.5 s per step, from the current position (the origin of ``gt_ego_fut_trajs``)."""
+    velocity = np.asarray(lidar2ego, np.float64)[:3, :3].T @ np.asarray(ego_status, np.float64)[6:9]
+    return velocity[None, :2] * PLAN_STEP_S * np.arange(1, steps + 1)[:, None]
 
 
 class MotionMetric(SampleRecords):
@@ -100,16 +112,23 @@ class PlanningMetric(Metric):
         self.add_state("collision", default=torch.zeros(steps, dtype=torch.float64), dist_reduce_fx="sum",
                        persistent=False)
         self.add_state("total", default=torch.zeros((), dtype=torch.long), dist_reduce_fx="sum", persistent=False)
+        self.add_state("cv_l2", default=torch.zeros(steps, dtype=torch.float64), dist_reduce_fx="sum", persistent=False)
+        self.add_state("cv_total", default=torch.zeros((), dtype=torch.long), dist_reduce_fx="sum", persistent=False)
 
     def update(self, plan: np.ndarray, gt_plan: np.ndarray, gt_mask: np.ndarray, gt_boxes: np.ndarray,
-               gt_agent_trajs: np.ndarray, gt_agent_masks: np.ndarray) -> None:
+               gt_agent_trajs: np.ndarray, gt_agent_masks: np.ndarray, cv_plan: np.ndarray | None = None) -> None:
         """One sample: (T, 2) planned and GT ego positions, (T,) mask, GT agents (G, 9) with (G, T', 2)
-        cumulative future offsets and (G, T') masks."""
+        cumulative future offsets and (G, T') masks; ``cv_plan``: the constant-velocity plan
+        (:func:`constant_velocity_plan`), scored by L2 alone."""
         t = self.steps
         if not gt_mask[:t].all():  # upstream: incomplete ego futures are not counted
             return
         self.l2 += torch.as_tensor(np.linalg.norm(plan[:t] - gt_plan[:t], axis=-1), dtype=torch.float64,
                                    device=self.device)
+        if cv_plan is not None:
+            self.cv_l2 += torch.as_tensor(np.linalg.norm(cv_plan[:t] - gt_plan[:t], axis=-1), dtype=torch.float64,
+                                          device=self.device)
+            self.cv_total += 1
         pred_hit = self.collides(plan[:t], gt_boxes, gt_agent_trajs[:, :t], gt_agent_masks[:, :t])
         gt_hit = self.collides(gt_plan[:t], gt_boxes, gt_agent_trajs[:, :t], gt_agent_masks[:, :t])
         self.collision += torch.as_tensor((pred_hit & ~gt_hit).astype(float), device=self.device)
@@ -139,6 +158,12 @@ class PlanningMetric(Metric):
                 out[f"plan/col_{seconds}s"] = float(col[: idx + 1].mean())
         out["plan/L2_avg"] = float(np.mean([out[k] for k in out if k.startswith("plan/L2_")]))
         out["plan/col_avg"] = float(np.mean([out[k] for k in out if k.startswith("plan/col_")]))
+        if int(self.cv_total):
+            cv = self.cv_l2.cpu().numpy() / int(self.cv_total)
+            for seconds, idx in ((1, 1), (2, 3), (3, 5)):
+                if idx < self.steps:
+                    out[f"plan/cv_L2_{seconds}s"] = float(cv[: idx + 1].mean())
+            out["plan/cv_L2_avg"] = float(np.mean([out[k] for k in out if k.startswith("plan/cv_L2_")]))
         return out
 
 
