@@ -10,12 +10,14 @@
 #      seeds 2023 and 2024, on it
 #   d  MapTR auto then max, as a (b35: 0.99x, trial 7.3%)
 #   e  MapTR's learning curve on a longer schedule (b24: mAP 0.035 at best in 6 epochs, target 0.05): max only,
-#      24 epochs (warm-up 48 + cosine over 1152 steps), nano (R18, 80x40 BEV: 110 epochs upstream) then tiny;
-#      a bounded nano none run for its step time. Says which size and schedule reach the target, and whether a
-#      none run of it fits one call
+#      nano (R18, 80x40 BEV: 110 epochs upstream), 24 epochs (warm-up 48 + cosine over 1152 steps), at lr 6e-4 and
+#      2e-3 (on the CPU, results/cpu2core-2026-12-04-overfit, 2e-3 memorised faster), then a bounded nano none run
+#      for its step time: does nano reach the target, and does a none run of that schedule fit one call
+#   f  tiny as e at lr 6e-4 (its none run takes ~70 s per epoch: 24 epochs do not fit a call)
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 C=$QCNET_CONV QM=$QCNET_METRICS T=$TRAIN_ONLY
+MAPTR24="+experiment=convergence model=maptr model.convergence.max_epochs=24 model.convergence.scheduler.total_steps=1152"
 case "$PART" in
   a) auto_then_max sparsedrive model=sparsedrive bench.steps=150
      run sparsedrive_max2 150 model=sparsedrive bench.steps=150 $T accel=max ;;  # max against max: the spread
@@ -27,13 +29,15 @@ case "$PART" in
        curve qcnet_conv_max_notf32_s${s}_warm $QM; facts qcnet_conv_max_notf32_s${s}_warm
      done ;;
   d) auto_then_max maptr model=maptr ;;
-  e) M24="+experiment=convergence model=maptr model.convergence.max_epochs=24 model.convergence.scheduler.total_steps=1152"
-     for size in nano tiny; do
-       cold "maptr-$size"; run maptr_${size}_conv24_max 330 $M24 model.size=$size accel=max seed=2023
-       curve maptr_${size}_conv24_max val/mAP
+  e) cold maptr-nano
+     for lr in 6e-4 2e-3; do
+       run maptr_nano_conv24_max_lr$lr 240 $MAPTR24 model.size=nano accel=max seed=2023 model.optimizer.lr=$lr
+       curve maptr_nano_conv24_max_lr$lr val/mAP
      done
      run maptr_nano_none_steps 90 model=maptr model.size=nano $T accel=none bench.steps=40 ;;
-  *) log "unknown part $PART (a, b, c, d, e)"; exit 2 ;;
+  f) cold maptr-tiny; run maptr_tiny_conv24_max 500 $MAPTR24 model.size=tiny accel=max seed=2023
+     curve maptr_tiny_conv24_max val/mAP ;;
+  *) log "unknown part $PART (a, b, c, d, e, f)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
