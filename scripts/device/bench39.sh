@@ -14,9 +14,16 @@
 #      2e-3 (on the CPU, results/cpu2core-2026-12-04-overfit, 2e-3 memorised faster), then a bounded nano none run
 #      for its step time: does nano reach the target, and does a none run of that schedule fit one call
 #   f  tiny as e at lr 6e-4 (its none run takes ~70 s per epoch: 24 epochs do not fit a call)
+#   g  SparseDrive convergence none, seed 2023 (6 epochs, ~60 s each estimated: the first run of it)
+#   h  SparseDrive convergence max, seeds 2023 and 2024 on one cold cache
+#   i  GaussianFormer convergence none, seed 2023 (2 epochs, ~210 s each estimated)
+#   j  GaussianFormer convergence max, seeds 2023 and 2024 on one cold cache
+#      (targets since 2026-12-04: SparseDrive planning L2 within 2x the constant-velocity plan's, GaussianFormer
+#      mIoU over the classes present; both provisional until these runs)
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 C=$QCNET_CONV QM=$QCNET_METRICS T=$TRAIN_ONLY
+SDM="val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg" GFM="val/miou_present val/miou"
 MAPTR24="+experiment=convergence model=maptr model.convergence.max_epochs=24 model.convergence.scheduler.total_steps=1152"
 case "$PART" in
   a) auto_then_max sparsedrive model=sparsedrive bench.steps=150
@@ -37,7 +44,21 @@ case "$PART" in
      run maptr_nano_none_steps 90 model=maptr model.size=nano $T accel=none bench.steps=40 ;;
   f) cold maptr-tiny; run maptr_tiny_conv24_max 500 $MAPTR24 model.size=tiny accel=max seed=2023
      curve maptr_tiny_conv24_max val/mAP ;;
-  *) log "unknown part $PART (a, b, c, d, e, f)"; exit 2 ;;
+  g) run sparsedrive_conv_none_s2023 560 +experiment=convergence model=sparsedrive accel=none seed=2023
+     curve sparsedrive_conv_none_s2023 $SDM ;;
+  h) cold sparsedrive-conv
+     for s in 2023 2024; do
+       run sparsedrive_conv_max_s$s 270 +experiment=convergence model=sparsedrive accel=max seed=$s
+       curve sparsedrive_conv_max_s$s $SDM
+     done ;;
+  i) run gaussianformer_conv_none_s2023 560 +experiment=convergence model=gaussianformer accel=none seed=2023
+     curve gaussianformer_conv_none_s2023 $GFM ;;
+  j) cold gaussianformer-conv
+     for s in 2023 2024; do
+       run gaussianformer_conv_max_s$s 270 +experiment=convergence model=gaussianformer accel=max seed=$s
+       curve gaussianformer_conv_max_s$s $GFM
+     done ;;
+  *) log "unknown part $PART (a-j)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
