@@ -23,6 +23,12 @@
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 C=$QCNET_CONV QM=$QCNET_METRICS T=$TRAIN_ONLY
+# conv_none MODEL METRICS...: its convergence run at none, seed 2023, alone in the call; conv_max: max, two seeds, one cold cache
+conv_none() { run "$1_conv_none_s2023" 560 +experiment=convergence model="$1" accel=none seed=2023; curve "$1_conv_none_s2023" "${@:2}"; }
+conv_max() {
+  cold "$1-conv"
+  for s in 2023 2024; do run "$1_conv_max_s$s" 270 +experiment=convergence model="$1" accel=max seed=$s; curve "$1_conv_max_s$s" "${@:2}"; done
+}
 SDM="val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg" GFM="val/miou_present val/miou"
 MAPTR24="+experiment=convergence model=maptr model.convergence.max_epochs=24 model.convergence.scheduler.total_steps=1152"
 case "$PART" in
@@ -44,20 +50,10 @@ case "$PART" in
      run maptr_nano_none_steps 90 model=maptr model.size=nano $T accel=none bench.steps=40 ;;
   f) cold maptr-tiny; run maptr_tiny_conv24_max 500 $MAPTR24 model.size=tiny accel=max seed=2023
      curve maptr_tiny_conv24_max val/mAP ;;
-  g) run sparsedrive_conv_none_s2023 560 +experiment=convergence model=sparsedrive accel=none seed=2023
-     curve sparsedrive_conv_none_s2023 $SDM ;;
-  h) cold sparsedrive-conv
-     for s in 2023 2024; do
-       run sparsedrive_conv_max_s$s 270 +experiment=convergence model=sparsedrive accel=max seed=$s
-       curve sparsedrive_conv_max_s$s $SDM
-     done ;;
-  i) run gaussianformer_conv_none_s2023 560 +experiment=convergence model=gaussianformer accel=none seed=2023
-     curve gaussianformer_conv_none_s2023 $GFM ;;
-  j) cold gaussianformer-conv
-     for s in 2023 2024; do
-       run gaussianformer_conv_max_s$s 270 +experiment=convergence model=gaussianformer accel=max seed=$s
-       curve gaussianformer_conv_max_s$s $GFM
-     done ;;
+  g) conv_none sparsedrive $SDM ;;
+  h) conv_max sparsedrive $SDM ;;
+  i) conv_none gaussianformer $GFM ;;
+  j) conv_max gaussianformer $GFM ;;
   *) log "unknown part $PART (a-j)"; exit 2 ;;
 esac
 report
