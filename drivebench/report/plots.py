@@ -294,11 +294,11 @@ def convergence_figure(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[
         ax.set_xlabel("optimizer step" if x == "step" else "wall time since training began (s)")
         ax.set_ylabel(target.metric)
         ax.set_xlim(left=0)
-        ax.set_title(f"{target.metric} vs {'step' if x == 'step' else 'wall time'}: {name}\n"
-                     f"(* = first validation meeting {target.label})", fontsize=10)
+        ax.set_title(f"{target.metric} vs {'step' if x == 'step' else 'wall time'}: {name}", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(title="setting seed | machine", fontsize=7, title_fontsize=8, loc="upper left",
-                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        # the marker key in the legend's title: a second title line wider than the axes would be cut off
+        ax.legend(title="setting seed | machine\n(* = first validation meeting the target)", fontsize=7,
+                  title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return fig
 
 
