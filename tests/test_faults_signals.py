@@ -25,7 +25,7 @@ import pytest
 from drivebench.ckpt.store import CheckpointStore, step_of
 from drivebench.signals import STOP, Interrupted, StopOnSignal, exit_code, signal_name
 from test_ckpt_callback import Toy, ToyData, checkpointing, trainer_for
-from test_ckpt_cli_helpers import (losses, shared_cache, start_training, step_file, summary, train,
+from test_ckpt_cli_helpers import (loader_position, losses, shared_cache, start_training, step_file, summary, train,
                                    wait_for_step)
 
 
@@ -148,6 +148,9 @@ def _stopped_line(err: str) -> str:
     return lines[0]
 
 
+BATCHES_PER_EPOCH = 8  # QCNet test on the mini Argoverse 2 set at batch 4 (test_ckpt_resume.py)
+
+
 def test_sigterm_writes_checkpoint_and_summary_exits_143_then_resume_auto_continues(tmp_path, cache):
     run_dir, ckpt_dir = tmp_path / "run", tmp_path / "ckpt"
     proc = start_training(run_dir, cache, f"ckpt.dir={ckpt_dir}", "ckpt.every_n_steps=3", steps=200)
@@ -174,6 +177,10 @@ def test_sigterm_writes_checkpoint_and_summary_exits_143_then_resume_auto_contin
     after = summary(resumed)
     assert after["run"]["resumed_from"] == str(final) and after["run"]["status"] == "completed"
     assert sorted(losses(resumed)) == [step, step + 1]
+    # the rest of the epoch the signal stopped in is trained, not skipped: the stream stands where an
+    # uninterrupted run would (the mini set: 8 batches per epoch); the final checkpoint once said that epoch was done
+    last = CheckpointStore(str(ckpt_dir)).load(str(step_file(ckpt_dir, step + 2)))
+    assert loader_position(last) == divmod(step + 2, BATCHES_PER_EPOCH)
 
 
 def _fake_scontrol(bin_dir: Path, log: Path) -> None:

@@ -93,7 +93,12 @@ class Checkpointing(pl.Callback):
             elapsed = self.clock() - self._last_save_time >= 60 * self.every_n_minutes
             # every rank must take the save (Lightning's save has a barrier): rank 0's clock decides
             due = bool(trainer.strategy.broadcast(elapsed, src=0)) if trainer.world_size > 1 else elapsed
-        if due and step != self._last_saved_step:
+        # a stop signal agreed at this boundary (StopOnSignal runs before this callback): save here, mid-epoch, with
+        # the loops' state of this step; saved at train end, after Lightning has closed the epoch that should_stop
+        # ended, the checkpoint would say that epoch is done, and a resume would skip the rest of its batches
+        stop = StopOnSignal.of(trainer)
+        stopping = stop is not None and stop.stopped is not None and stop.stopped["step"] == step
+        if (due or stopping) and step != self._last_saved_step:
             self.save(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
