@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import signal
+import subprocess
 from pathlib import Path
 
 import matplotlib
@@ -19,8 +21,9 @@ import pytest
 
 from conftest import run_cli
 from drivebench.report.analysis import analyse, time_to_target, with_recorded_targets
-from drivebench.report.convergence import (convergence_table, convergence_targets, same_convergence, too_easy,
-                                           with_stopped_runs)
+from drivebench.report.loading import load_runs
+from drivebench.report.convergence import (convergence_table, convergence_targets, followed_runs, same_convergence,
+                                           too_easy, validation_curve)
 from drivebench.perf.compile_cache import compile_cache_state
 from drivebench.report.tables import convergence_display
 from drivebench.perf.targets import parse_target
@@ -117,7 +120,7 @@ def test_a_run_stopped_early_counts_its_time_to_target_but_has_no_final_metric()
     stopped = runs[runs["run_dir"].isin(["n3", "m2"])]   # m2 stopped in epoch 4, after meeting the target in epoch 2
     done = runs[~runs["run_dir"].isin(["n3", "m2"])]
     targets = with_recorded_targets([], runs)
-    followed = with_stopped_runs(analyse(done, scalars, targets), stopped, scalars, targets)
+    followed = followed_runs(analyse(done, scalars, targets), stopped, scalars, targets).runs
     assert sorted(followed.loc[followed["stopped"], "run_dir"]) == ["m2", "n3"]
     assert followed["setting"].iloc[0] == "none"                      # the report's order: the baseline first
     table = convergence_table(followed, scalars, targets[0]).set_index("setting")
@@ -133,10 +136,32 @@ def test_a_run_stopped_early_counts_its_time_to_target_but_has_no_final_metric()
     assert shown.loc["max", "final (mean [min-max])"] == "5.2"
 
 
+def test_a_resumed_run_is_one_run_on_one_clock():
+    """Seed 2023 stopped after two epochs (180 s of training) and continued from its checkpoint in a new
+    folder (its own clock restarts; the same run id): one run, its later validations 180 s later."""
+    runs, scalars = _runs([("n1", "none", 2023, [9.0, 7.0], 90.0), ("n1b", "none", 2023, [5.8, 5.0], 95.0),
+                           ("n2", "none", 2024, [9.5, 7.5, 5.9, 5.4], 95.0)])
+    runs = runs.assign(run_id=["aaa", "aaa", "bbb"], started=["2026-01-01T00:00", "2026-01-01T01:00", "2026-01-01T00:00"])
+    later = scalars["run_dir"] == "n1b"  # the continuation logged epochs 3 and 4 (steps 750, 1000) from its own start
+    scalars.loc[later, "step"] += 500
+    targets = with_recorded_targets([], runs)
+    stopped, done = runs[runs["run_dir"] == "n1"], runs[runs["run_dir"] != "n1"]
+    followed = followed_runs(analyse(done, scalars, targets), stopped, scalars, targets)
+    rows = followed.runs.set_index("run_dir")
+    assert sorted(rows.index) == ["n1b", "n2"] and rows.loc["n1b", "segments"] == 2 and not rows.loc["n1b", "stopped"]
+    label = targets[0].label
+    assert rows.loc["n1b", f"to {label} steps"] == 750 and rows.loc["n1b", f"to {label} wall_s"] == pytest.approx(180 + 95)
+    table = convergence_table(followed.runs, followed.scalars, targets[0]).set_index("setting")
+    assert table.loc["none", "runs"] == 2 and table.loc["none", "reached"] == "2/2"
+    assert table.loc["none", "final_mean"] == pytest.approx((5.0 + 5.4) / 2)
+    curve = validation_curve(followed.scalars, "n1b", "val/minFDE")
+    assert curve["step"].tolist() == [250, 500, 750, 1000] and curve["elapsed_s"].tolist() == [90, 180, 275, 370]
+
+
 def test_with_every_run_stopped_early_the_table_says_so():
     runs, scalars = _runs([("n1", "none", 2023, [9.0, 7.0], 90.0), ("m1", "max", 2023, [9.1, 5.7], 30.0)])
     targets = with_recorded_targets([], runs)
-    followed = with_stopped_runs(analyse(runs.iloc[:0], scalars, targets), runs, scalars, targets)
+    followed = followed_runs(analyse(runs.iloc[:0], scalars, targets), runs, scalars, targets).runs
     shown = convergence_display(convergence_table(followed, scalars, targets[0])).set_index("setting")
     assert shown.loc["none", "to target (median over seeds)"] == "not reached before the stop"
     assert shown.loc["max", "to target (median over seeds)"] == "60 s, step 500"
@@ -261,6 +286,44 @@ def test_a_convergence_job_stopped_by_a_signal_still_reports_its_curve(sweep, tm
     md = (out / "report.md").read_text()
     assert f"## Convergence: {label}" in md and "- (every run stopped early)" in md
     assert md.count("| interrupted |") == 2 and "convergence tables" in text
+
+
+def test_a_convergence_job_stopped_and_resumed_is_one_run_on_one_clock(tmp_path, drivebench_cache, capsys):
+    """SIGTERM after the first epoch's checkpoint (at the next step boundary, mid-epoch 2), then resume=auto in
+    a new folder: the report follows one run of three epochs, its clock the two processes' training time."""
+    from drivebench.report.cli import main
+    from test_ckpt_cli_helpers import command, cli_env, wait_for_step
+
+    ckpt = tmp_path / "ckpt"
+    args = ["+experiment=convergence", "model=maptr", "seed=2023", "accel=none", "trainer.max_epochs=3",
+            "bench.warmup_steps=2", "model.batch_size=2", "model.val_batch_size=2", "ckpt=local", f"ckpt.dir={ckpt}",
+            "ckpt.every_n_steps=5"]  # the mini set: 5 steps per epoch
+    first = subprocess.Popen(command([*args, f"hydra.run.dir={tmp_path / 'first'}"]), cwd=tmp_path,
+                             env=cli_env(drivebench_cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_step(ckpt, 5, first)
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=120)
+    assert first.returncode == 143
+    second = run_cli([*args, "resume=auto", f"hydra.run.dir={tmp_path / 'second'}"], drivebench_cache, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    segments = [_val_loss(tmp_path / name) for name in ("first", "second")]
+    before = len(segments[0])  # 1 (the stop lands in epoch 2), or 2 on a machine slow to deliver the signal
+    assert before >= 1 and before + len(segments[1]) == 3 and segments[1]["step"].tolist()[-1] == 15 - 1
+    worst = float(pd.concat(segments)["value"].max())
+    out = tmp_path / "report"
+    assert main([str(tmp_path / "first"), str(tmp_path / "second"), f"report.out={out}",
+                 f"--target=val/loss<={worst!r}"]) == 0
+    convergence = pd.read_csv(out / "convergence.csv")
+    row = convergence[convergence["target"] == f"val/loss<={worst!r}"].iloc[0]
+    assert (row["runs"], row["finals"], row["resumed"], row["reached"]) == (1, 1, 1, "1/1")
+    runset = load_runs([tmp_path / "first", tmp_path / "second"])
+    followed = followed_runs(runset.runs, runset.stopped, runset.scalars, [])
+    curve = validation_curve(followed.scalars, str(tmp_path / "second"), "val/loss")
+    assert curve["step"].tolist() == [4, 9, 14] and curve["elapsed_s"].is_monotonic_increasing
+    first_span = runset.scalars[runset.scalars["run_dir"] == str(tmp_path / "first")]["elapsed_s"].max()
+    own = validation_curve(runset.scalars, str(tmp_path / "second"), "val/loss")  # the second process's own clock
+    assert curve["elapsed_s"].iloc[before:].tolist() == pytest.approx((own["elapsed_s"] + first_span).tolist())
+    assert "1 resumed" in capsys.readouterr().out
 
 
 def test_bad_target_and_val_batches_are_refused_before_the_run_is_built(drivebench_cache):

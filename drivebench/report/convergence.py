@@ -14,11 +14,17 @@ A run stopped by a signal before its schedule ended (a time cap on a convergence
 the validations it logged before the stop: when it met the target is a fact of its curve, so its
 time to target counts; it has no final metric (its schedule did not end), so the final-metric
 columns and the seed spread are over the runs that completed.
+
+A run continued from its checkpoint (``resume``: the same ``run_id``) is one run here, not two: its
+segments' validations form one curve, and its clock is the sum of the segments' training time (each
+from its first step to its last logged value), so the time to target counts what every segment spent,
+restarts and redone steps included, and never the time between them.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -53,19 +59,65 @@ def validation_curve(scalars: pd.DataFrame, run_dir: str, metric: str) -> pd.Dat
     return chosen[["step", "elapsed_s", "value"]].reset_index(drop=True)
 
 
-def with_stopped_runs(runs: pd.DataFrame, stopped: pd.DataFrame, scalars: pd.DataFrame,
-                      targets: list[Target]) -> pd.DataFrame:
-    """The analysed completed ``runs`` and the ``stopped`` ones (``loading.RunSet.stopped``) with their time to
-    each target, in the report's order; column ``stopped`` tells them apart."""
-    done = runs.assign(stopped=False)
-    if stopped.empty:
-        return done
-    cut = add_targets(stopped, scalars, targets).assign(stopped=True)
-    return order_runs(pd.concat([done, cut], ignore_index=True) if not done.empty else cut)
+@dataclass
+class Followed:
+    """The runs the convergence tables and plots follow, and the scalars to follow them by (a resumed run's
+    segments on one clock)."""
+
+    runs: pd.DataFrame
+    scalars: pd.DataFrame
+
+
+def followed_runs(runs: pd.DataFrame, stopped: pd.DataFrame, scalars: pd.DataFrame,
+                  targets: list[Target]) -> Followed:
+    """The runs the convergence tables follow, and the scalars to follow them by: the analysed completed
+    ``runs`` and the ``stopped`` ones (``loading.RunSet.stopped``; column ``stopped``), the segments of a
+    resumed run joined into one (:func:`join_resumed`; column ``segments``), each with its time to every
+    target, in the report's order."""
+    frames = [f for f in (runs.assign(stopped=False), stopped.assign(stopped=True)) if not f.empty]
+    if not frames:
+        return Followed(runs.assign(stopped=False, segments=1), scalars)
+    rows, joined = join_resumed(pd.concat(frames, ignore_index=True), scalars)
+    stale = [c for c in rows.columns if c.startswith("to ")]  # times to target on a segment's own clock
+    return Followed(order_runs(add_targets(rows.drop(columns=stale), joined, targets)), joined)
+
+
+def _training_span(own: pd.DataFrame) -> float:
+    """Seconds from a segment's first training step to its last value logged in training (0 without any)."""
+    train = own[own["phase"] == TRAIN]["elapsed_s"] if not own.empty else own
+    return float(train.max()) if len(train) and pd.notna(train.max()) else 0.0
+
+
+def join_resumed(rows: pd.DataFrame, scalars: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One row per training: the segments of a run continued from its checkpoint (one ``run_id``, in start
+    order) become their last segment's row (``segments``: how many; stopped if the last one was), and
+    their scalars that row's, each segment's clock shifted by the training time of those before it."""
+    rows = rows.assign(segments=1)
+    if "run_id" not in rows or rows["run_id"].isna().all():
+        return rows, scalars
+    keep, moved, frames = [], set(), []
+    for run_id, part in rows.groupby("run_id", dropna=False, sort=False):
+        if pd.isna(run_id) or len(part) < 2:
+            keep += list(part.index)
+            continue
+        part = part.sort_values("started", kind="stable")
+        last = part.index[-1]
+        offset = 0.0
+        for _, segment in part.iterrows():
+            own = scalars[scalars["run_dir"] == segment["run_dir"]]
+            frames.append(own.assign(run_dir=rows.loc[last, "run_dir"], elapsed_s=own["elapsed_s"] + offset))
+            offset += _training_span(own)
+            moved.add(segment["run_dir"])
+        rows.loc[last, "segments"] = len(part)
+        keep.append(last)
+    if not moved:
+        return rows, scalars
+    rest = scalars[~scalars["run_dir"].isin(moved)]
+    return rows.loc[sorted(keep)], pd.concat([rest, *frames], ignore_index=True)
 
 
 def is_stopped(row: pd.Series) -> bool:
-    """Whether a row of :func:`with_stopped_runs` was stopped before its schedule ended."""
+    """Whether a row of :func:`followed_runs` was stopped before its schedule ended."""
     return bool(row.get("stopped", False) == True)  # noqa: E712 (NaN and numpy booleans alike)
 
 
@@ -122,8 +174,9 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
     """One row per (machine, model, size, data, setting): final metric over seeds and time to target."""
     rows = convergence_rows(runs, scalars, target)
     columns = ["machine", "model", "model_size", "setting", "runs", "seeds", "finals", "final_mean", "final_min",
-               "final_max", "final_spread", "reached", "stopped_before_target", "reached_at_first_validation", "to_target_wall_s_median", "to_target_steps_median", "compile_s_median",
-               "compile_cache", "wall_s_vs_none", "same_as_none"]
+               "final_max", "final_spread", "reached", "stopped_before_target", "reached_at_first_validation", "resumed",
+               "to_target_wall_s_median", "to_target_steps_median", "compile_s_median", "compile_cache",
+               "wall_s_vs_none", "same_as_none"]
     if rows.empty:
         return pd.DataFrame(columns=columns)
     state, wall, steps = (target_column(target, f) for f in ("state", "wall_s", "steps"))
@@ -144,6 +197,8 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             # stopped by a signal without having met it: when (or whether) they would have is unknown
             "stopped_before_target": int(sum(is_stopped(r) and r[state] != "reached" for _, r in part.iterrows())),
             "reached_at_first_validation": int(sum(met_at_first_validation(r, target) for _, r in part.iterrows())),
+            # continued from a checkpoint: one run over several processes, its time summed over them
+            "resumed": int((part["segments"] > 1).sum()) if "segments" in part else 0,
             "to_target_wall_s_median": float(reached[wall].median()) if len(reached) else math.nan,
             "to_target_steps_median": float(reached[steps].median()) if len(reached) else math.nan,
             # the one-time cost inside those seconds (a cold compile decides a short schedule)

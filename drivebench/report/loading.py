@@ -175,6 +175,7 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
         "setting": " ".join(filter(None, [r.get("runner"), setting_label(accel_name, knobs)])),
         "setting_overrides": " ".join(f"{k}={v}" for k, v in sorted(knobs.items())),
         "job_num": _job_num(run),
+        "run_id": r.get("run_id"),  # kept by a resumed run of the same training: its segments share it
         "started": r.get("started"),
         "run_wall_s": num(r.get("wall_s")),
         "batch_size": num(dig(summary, "settings", "batch_size")),

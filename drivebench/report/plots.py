@@ -18,8 +18,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from drivebench.report.analysis import Target, setting_order, target_column
-from drivebench.report.convergence import (convergence_rows, convergence_targets, is_stopped, threshold_curve,
-                                           validation_curve)
+from drivebench.report.convergence import (Followed, convergence_rows, convergence_targets, is_stopped,
+                                           threshold_curve, validation_curve)
 from drivebench.report.events import TRAIN
 
 LOSS_TAG = "train/loss"
@@ -320,11 +320,11 @@ NOTHING_TO_DRAW = {
 
 
 def figures(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target],
-            followed: pd.DataFrame | None = None) -> dict[str, Callable[[], Figure | None]]:
+            followed: Followed | None = None) -> dict[str, Callable[[], Figure | None]]:
     """Name -> a function drawing it (drawn lazily, one at a time, so memory stays flat). ``followed``: the
-    runs the convergence figures draw (``convergence.with_stopped_runs``: the completed ones and those
-    stopped early); by default ``runs``."""
-    followed = runs if followed is None else followed
+    runs the convergence figures draw and their scalars (``convergence.followed_runs``: the completed ones,
+    those stopped early, resumed ones joined); by default ``runs`` and ``scalars``."""
+    followed = Followed(runs, scalars) if followed is None else followed
     out: dict[str, Callable[[], Figure | None]] = {}
     if not runs.empty:
         out = {
@@ -337,14 +337,14 @@ def figures(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target],
         }
         if targets:
             out["time_to_target"] = lambda: time_to_target_figure(runs, targets)
-    if targets and not followed.empty:
-        out["convergence_vs_step"] = lambda: convergence_figure(followed, scalars, targets, "step")
-        out["convergence_vs_time"] = lambda: convergence_figure(followed, scalars, targets, "elapsed_s")
+    if targets and not followed.runs.empty:
+        out["convergence_vs_step"] = lambda: convergence_figure(followed.runs, followed.scalars, targets, "step")
+        out["convergence_vs_time"] = lambda: convergence_figure(followed.runs, followed.scalars, targets, "elapsed_s")
     return out
 
 
 def save_plots(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target], out: Path,
-               skipped: dict[str, str] | None = None, followed: pd.DataFrame | None = None) -> dict[str, Path]:
+               skipped: dict[str, str] | None = None, followed: Followed | None = None) -> dict[str, Path]:
     """Write every figure that has data as ``<out>/<name>.png``; returns name -> path. A figure left
     out goes into ``skipped`` (name -> why): nothing to draw, or a drawing error, which costs that
     figure only (a set of runs this report has not met must not cost the rest of the report).

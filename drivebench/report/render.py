@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from drivebench.report.analysis import Target, analyse, with_recorded_targets
-from drivebench.report.convergence import convergence_table, convergence_targets, too_easy, with_stopped_runs
+from drivebench.report.convergence import convergence_table, convergence_targets, followed_runs, too_easy
 from drivebench.report.loading import Problem, RunSet, load_runs
 from drivebench.report.plots import save_plots
 from drivebench.report.scaling import write_scaling
@@ -58,7 +58,7 @@ def write_report(dirs: list[Path], out: Path, targets: list[Target]) -> ReportRe
     targets = with_recorded_targets(with_recorded_targets(targets, runset.runs), runset.stopped)
     runs = analyse(runset.runs, runset.scalars, targets)
     # a convergence job stopped by its time cap still tells when it met a target
-    followed = with_stopped_runs(runs, runset.stopped, runset.scalars, targets)
+    followed = followed_runs(runs, runset.stopped, runset.scalars, targets)
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
     skipped: dict[str, str] = {}
@@ -67,8 +67,8 @@ def write_report(dirs: list[Path], out: Path, targets: list[Target]) -> ReportRe
     csv = out / "report.csv"
     write_csv(csv, runs)
     files["report.csv"] = csv
-    convergence = {t.label: convergence_table(followed, runset.scalars, t)
-                   for t in convergence_targets(followed, runset.scalars, targets)}
+    convergence = {t.label: convergence_table(followed.runs, followed.scalars, t)
+                   for t in convergence_targets(followed.runs, followed.scalars, targets)}
     runset.warnings.extend(
         f"{label}: every run that met it did so at its first validation, so its time to target is the time to "
         f"a first validation, not to a quality; give a harder target (report.target=..., or the model's "

@@ -164,6 +164,9 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
             notes.append(f"{first:.0f} at the first validation")
         if cut and cut > 0:
             notes.append(f"{cut:.0f} stopped before it")
+        resumed = r.get("resumed", 0)
+        if resumed and resumed > 0:
+            notes.append(f"{resumed:.0f} resumed: times summed over its processes")
         return f"{r['reached']} ({'; '.join(notes)})" if notes else str(r["reached"])
 
     def compiling(r: pd.Series) -> str:
