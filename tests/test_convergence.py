@@ -141,7 +141,8 @@ def test_a_resumed_run_is_one_run_on_one_clock():
     folder (its own clock restarts; the same run id): one run, its later validations 180 s later."""
     runs, scalars = _runs([("n1", "none", 2023, [9.0, 7.0], 90.0), ("n1b", "none", 2023, [5.8, 5.0], 95.0),
                            ("n2", "none", 2024, [9.5, 7.5, 5.9, 5.4], 95.0)])
-    runs = runs.assign(run_id=["aaa", "aaa", "bbb"], started=["2026-01-01T00:00", "2026-01-01T01:00", "2026-01-01T00:00"])
+    runs = runs.assign(run_id=["aaa", "aaa", "bbb"], started=["2026-01-01T00:00", "2026-01-01T01:00", "2026-01-01T00:00"],
+                       compile_s=[30.0, 12.0, 31.0])
     later = scalars["run_dir"] == "n1b"  # the continuation logged epochs 3 and 4 (steps 750, 1000) from its own start
     scalars.loc[later, "step"] += 500
     targets = with_recorded_targets([], runs)
@@ -154,6 +155,7 @@ def test_a_resumed_run_is_one_run_on_one_clock():
     table = convergence_table(followed.runs, followed.scalars, targets[0]).set_index("setting")
     assert table.loc["none", "runs"] == 2 and table.loc["none", "reached"] == "2/2"
     assert table.loc["none", "final_mean"] == pytest.approx((5.0 + 5.4) / 2)
+    assert rows.loc["n1b", "compile_s"] == 42.0  # both processes compiled
     curve = validation_curve(followed.scalars, "n1b", "val/minFDE")
     assert curve["step"].tolist() == [250, 500, 750, 1000] and curve["elapsed_s"].tolist() == [90, 180, 275, 370]
 

@@ -109,6 +109,8 @@ def join_resumed(rows: pd.DataFrame, scalars: pd.DataFrame) -> tuple[pd.DataFram
             offset += _training_span(own)
             moved.add(segment["run_dir"])
         rows.loc[last, "segments"] = len(part)
+        if "compile_s" in part:  # each process compiled (a warm cache makes the later ones short)
+            rows.loc[last, "compile_s"] = part["compile_s"].sum(min_count=1)
         keep.append(last)
     if not moved:
         return rows, scalars
