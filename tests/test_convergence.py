@@ -23,7 +23,7 @@ from conftest import run_cli
 from drivebench.report.analysis import analyse, time_to_target, with_recorded_targets
 from drivebench.report.loading import load_runs
 from drivebench.report.convergence import (convergence_table, convergence_targets, followed_runs, same_convergence,
-                                           too_easy, validation_curve)
+                                           too_easy, unfollowed_targets, validation_curve)
 from drivebench.perf.compile_cache import compile_cache_state
 from drivebench.report.tables import convergence_display
 from drivebench.perf.targets import parse_target
@@ -181,6 +181,17 @@ def test_a_target_met_at_the_first_validation_is_flagged_as_too_easy():
     table = convergence_table(analysed, scalars, hard).set_index("setting")  # 4.2 > 4.0 >= 4.0: none at epoch 2 only
     assert table["reached_at_first_validation"].tolist() == [0, 0] and not too_easy(table)
     assert table.loc["none", "reached"] == "1/1" and table.loc["max", "reached"] == "0/1"
+
+
+def test_a_target_no_run_logged_is_named_with_the_closest_metrics():
+    runs, scalars = _runs([("n1", "none", 2023, [9.0, 7.0], 90.0)])
+    targets = [parse_target("val/minFDE<=6.0"), parse_target("val/minFD<=6.0"), parse_target("minFDE<=0.5*cv_minFD")]
+    lines = unfollowed_targets(runs, scalars, targets)
+    assert lines == ["val/minFD<=6.0: no run that validated during training logged val/minFD, so it has no convergence "
+                     "table; did you mean val/minFDE or val/cv_minFDE?",
+                     "minFDE<=0.5*cv_minFD: no run that validated during training logged cv_minFD, so it has no "
+                     "convergence table; did you mean val/cv_minFDE or val/minFDE?"]
+    assert unfollowed_targets(runs.iloc[:0], scalars, targets) == []  # nothing validated: nothing to say
 
 
 def test_same_convergence_needs_two_seeds_of_each_setting():

@@ -23,6 +23,7 @@ restarts and redone steps included, and never the time between them.
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
 
@@ -135,6 +136,29 @@ def convergence_targets(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list
                 out.append(target)
                 break
     return out
+
+
+def unfollowed_targets(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target]) -> list[str]:
+    """One line per target that no run logged (the metric or its reference) although some run validated
+    during training: a misspelt target would otherwise leave the convergence section without a word."""
+    curves = {}
+    for run_dir in runs["run_dir"] if not runs.empty and not scalars.empty else []:
+        own = scalars[(scalars["run_dir"] == run_dir) & (scalars["phase"] == TRAIN)]
+        val = own[own["tag"].str.startswith("val/")]
+        if val["step"].nunique() >= MIN_POINTS:
+            curves[run_dir] = set(val["tag"])
+    if not curves:
+        return []
+    logged = set().union(*curves.values())
+    lines = []
+    for target in targets:
+        for metric in (m for m in (target.metric, target.reference) if m and resolve_metric(logged, m) is None):
+            close = difflib.get_close_matches(metric if metric.startswith("val/") else f"val/{metric}", logged, n=3)
+            hint = (f"did you mean {' or '.join(close)}?" if close
+                    else f"they logged {', '.join(sorted(t for t in logged if '@' not in t)[:8])}, ...")
+            lines.append(f"{target.label}: no run that validated during training logged {metric}, so it has no "
+                         f"convergence table; {hint}")
+    return lines
 
 
 def convergence_rows(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) -> pd.DataFrame:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pandas as pd
 
 from drivebench.report.analysis import Target, analyse, with_recorded_targets
-from drivebench.report.convergence import convergence_table, convergence_targets, followed_runs, too_easy
+from drivebench.report.convergence import (convergence_table, convergence_targets, followed_runs, too_easy,
+                                           unfollowed_targets)
 from drivebench.report.loading import Problem, RunSet, load_runs
 from drivebench.report.plots import save_plots
 from drivebench.report.scaling import write_scaling
@@ -73,6 +74,7 @@ def write_report(dirs: list[Path], out: Path, targets: list[Target]) -> ReportRe
         f"{label}: every run that met it did so at its first validation, so its time to target is the time to "
         f"a first validation, not to a quality; give a harder target (report.target=..., or the model's "
         f"model.convergence.targets)" for label, table in convergence.items() if too_easy(table))
+    runset.warnings.extend(unfollowed_targets(followed.runs, followed.scalars, targets))
     if convergence:
         frames = [table.assign(target=label) for label, table in convergence.items()]
         files["convergence.csv"] = out / "convergence.csv"
