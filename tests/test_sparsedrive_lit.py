@@ -105,6 +105,11 @@ def test_perfect_detections_score_full_car_ap() -> None:
     assert result["det/mATE"] < 1.0 and 0.0 < result["det/NDS"] <= 1.0
     assert "track/AMOTA" in result  # the stage-2 bank's track ids, scored per scene
     assert "map/mAP" in result and "plan/L2_avg" in result and "plan/cv_L2_avg" in result  # with its reference
+    # a scene without CAN bus data (ego status all zeros): no velocity to hold, no constant-velocity reference
+    module.reset_metrics()
+    module.update_metrics(dict(batch, ego_status=torch.zeros_like(batch["ego_status"])), out)
+    result = module.compute_metrics()
+    assert "plan/L2_avg" in result and not any(k.startswith("plan/cv_") for k in result)
 
 
 def test_stage_one_validation_scores_detection_tracking_and_map(tmp_path) -> None:

@@ -13,7 +13,8 @@
   contract carries future centres, not future boxes).
   Beside it, the same L2 of a constant-velocity plan (``plan/cv_L2_*``: the ego's CAN-bus velocity
   held for 3 s), the reference a planner must beat, as QCNet's ``cv_minFDE`` is for forecasts (the
-  convergence target is relative to it).
+  convergence target is relative to it); over the samples with CAN-bus data (real nuScenes has scenes
+  without: their ego status is all zeros, and holding "no velocity" would be standing still).
 - map chamfer AP: ``drivebench.models.common.map_metrics`` (shared with MapTR).
 """
 
