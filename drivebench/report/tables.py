@@ -166,7 +166,7 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
             notes.append(f"{cut:.0f} stopped before it")
         resumed = r.get("resumed", 0)
         if resumed and resumed > 0:
-            notes.append(f"{resumed:.0f} resumed: times summed over its processes")
+            notes.append(f"{resumed:.0f} resumed, times summed over processes")
         return f"{r['reached']} ({'; '.join(notes)})" if notes else str(r["reached"])
 
     def compiling(r: pd.Series) -> str:
