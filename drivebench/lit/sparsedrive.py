@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -150,9 +149,7 @@ class SparseDriveModule(DriveModule):
             for i in range(b):
                 self.motion_metric.update(det_np["boxes"][i], det_np["cls_scores"][i], det_np["labels"][i], trajs_np[i],
                                           gt_boxes[i], gt_labels[i], fut[i], fut_mask[i])
-                # an all-zero ego status is a scene without CAN bus data (infos.ego_status): no velocity to hold
-                known = status is not None and bool(np.any(status[i]))
-                cv = constant_velocity_plan(status[i], l2e[i], self.planning_metric.steps) if known else None
+                cv = constant_velocity_plan(status[i], l2e[i], self.planning_metric.steps) if status is not None else None
                 self.planning_metric.update(plan_np[i], ego_gt[i], ego_mask[i], gt_boxes[i], fut[i], fut_mask[i], cv)
 
     # ---- anchors -----------------------------------------------------------------------------

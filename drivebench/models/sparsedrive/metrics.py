@@ -36,11 +36,15 @@ MOTION_GROUPS = {"car": (0, 1, 2, 3, 4, 6, 7), "pedestrian": (8,)}
 PLAN_STEP_S = 0.5  # nuScenes key frames: the ego future is 6 steps of 0.5 s
 
 
-def constant_velocity_plan(ego_status: np.ndarray, lidar2ego: np.ndarray, steps: int = 6) -> np.ndarray:
+def constant_velocity_plan(ego_status: np.ndarray, lidar2ego: np.ndarray, steps: int = 6) -> np.ndarray | None:
     """(steps, 2) ego positions in the LiDAR frame if the ego kept its current velocity: the CAN-bus
     velocity of ``ego_status`` (the batch contract's items 6-8, ego frame) turned into the LiDAR frame,
-    times 0.5 s per step, from the current position (the origin of ``gt_ego_fut_trajs``)."""
-    velocity = np.asarray(lidar2ego, np.float64)[:3, :3].T @ np.asarray(ego_status, np.float64)[6:9]
+    times 0.5 s per step, from the current position (the origin of ``gt_ego_fut_trajs``). None for an
+    all-zero status: a scene without CAN bus data (``infos.ego_status``), no velocity to hold."""
+    status = np.asarray(ego_status, np.float64)
+    if not status.any():
+        return None
+    velocity = np.asarray(lidar2ego, np.float64)[:3, :3].T @ status[6:9]
     return velocity[None, :2] * PLAN_STEP_S * np.arange(1, steps + 1)[:, None]
 
 
@@ -150,22 +154,25 @@ class PlanningMetric(Metric):
         total = int(self.total)
         if total == 0:
             return {}
-        l2 = self.l2.cpu().numpy() / total
-        col = self.collision.cpu().numpy() / total
+        l2 = _by_horizon(self.l2.cpu().numpy() / total)
+        col = _by_horizon(self.collision.cpu().numpy() / total)
         out: dict[str, float] = {}
-        for seconds, idx in ((1, 1), (2, 3), (3, 5)):
-            if idx < self.steps:
-                out[f"plan/L2_{seconds}s"] = float(l2[: idx + 1].mean())
-                out[f"plan/col_{seconds}s"] = float(col[: idx + 1].mean())
-        out["plan/L2_avg"] = float(np.mean([out[k] for k in out if k.startswith("plan/L2_")]))
-        out["plan/col_avg"] = float(np.mean([out[k] for k in out if k.startswith("plan/col_")]))
+        for horizon in l2:
+            if horizon != "avg":
+                out[f"plan/L2_{horizon}"], out[f"plan/col_{horizon}"] = l2[horizon], col[horizon]
+        out["plan/L2_avg"], out["plan/col_avg"] = l2["avg"], col["avg"]
         if int(self.cv_total):
-            cv = self.cv_l2.cpu().numpy() / int(self.cv_total)
-            for seconds, idx in ((1, 1), (2, 3), (3, 5)):
-                if idx < self.steps:
-                    out[f"plan/cv_L2_{seconds}s"] = float(cv[: idx + 1].mean())
-            out["plan/cv_L2_avg"] = float(np.mean([out[k] for k in out if k.startswith("plan/cv_L2_")]))
+            out.update({f"plan/cv_L2_{h}": v for h, v in _by_horizon(self.cv_l2.cpu().numpy() / int(self.cv_total)).items()})
         return out
+
+
+def _by_horizon(per_step: np.ndarray) -> dict[str, float]:
+    """Upstream's planning horizons from per-step means (0.5 s steps): ``1s``, ``2s``, ``3s`` each the mean
+    over the steps up to that time (those the steps reach), and ``avg`` their mean."""
+    out = {f"{seconds}s": float(per_step[: idx + 1].mean())
+           for seconds, idx in ((1, 1), (2, 3), (3, 5)) if idx < len(per_step)}
+    out["avg"] = float(np.mean(list(out.values())))
+    return out
 
 
 def metric_notes(values: dict[str, float]) -> dict[str, str]:
