@@ -52,6 +52,7 @@ class Checkpointing(pl.Callback):
         self._last_saved_step = -1
         self.estimated_bytes: int | None = None  # a checkpoint's size as the preflight estimated it
         self._room_checked = False
+        self._stop: StopOnSignal | None = None  # the trainer's, found at train start (read every step)
 
     # ---- setup: the IO and its preflight -----------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -72,6 +73,7 @@ class Checkpointing(pl.Callback):
         """Before the first step, with the optimizers built: does ``ckpt.dir`` have room for this run's
         checkpoints (as large as the state dict says, keep_last_k + 1 of them at the peak)?"""
         self._last_save_time = self.clock()  # every_n_minutes counts training time, not set-up
+        self._stop = StopOnSignal.of(trainer)
         if trainer.is_global_zero and self.io is not None and self.io.store is not None:
             self.estimated_bytes = estimate_checkpoint_bytes(pl_module, trainer.optimizers)
             self.io.store.prepare(self.estimated_bytes * self._copies_to_come())
@@ -96,8 +98,7 @@ class Checkpointing(pl.Callback):
         # a stop signal agreed at this boundary (StopOnSignal runs before this callback): save here, mid-epoch, with
         # the loops' state of this step; saved at train end, after Lightning has closed the epoch that should_stop
         # ended, the checkpoint would say that epoch is done, and a resume would skip the rest of its batches
-        stop = StopOnSignal.of(trainer)
-        stopping = stop is not None and stop.stopped is not None and stop.stopped["step"] == step
+        stopping = self._stop is not None and self._stop.stopped is not None and self._stop.stopped["step"] == step
         if (due or stopping) and step != self._last_saved_step:
             self.save(trainer)
 
