@@ -50,21 +50,19 @@ print("  compile:", st.get("compile_report") or s.get("compile"), "| bottleneck:
 PY
 }
 # curve RUN METRIC...: the validation metric after each epoch (step:value@seconds since training began), also
-# for a run stopped by its cap (its TensorBoard events up to the stop; the report counts them too, since 76fe9b3)
+# for a run stopped by its cap (load_runs keeps it in RunSet.stopped with its events up to the stop)
 curve() {
   python3 - "$RUNS/$1" "${@:2}" <<'PY' 2>&1 | tee -a "$OUT/log.txt"
-import json, sys
-from pathlib import Path
+import sys
+from drivebench.report import load_runs
 from drivebench.report.convergence import validation_curve
-from drivebench.report.events import read_scalars
-run = Path(sys.argv[1])
-files = sorted(run.rglob("events.out.tfevents.*"))
-if not files:
-    sys.exit(f"no TensorBoard events in {run}")
-status = json.loads((run / "summary.json").read_text())["run"]["status"] if (run / "summary.json").exists() else "no summary"
-scalars = read_scalars(files)[0].assign(run_dir=str(run))
+found = load_runs([sys.argv[1]])
+rows = found.runs if not found.runs.empty else found.stopped
+if rows.empty:
+    sys.exit(f"no completed or stopped run in {sys.argv[1]}")
+status = "completed" if not found.runs.empty else "interrupted"
 for metric in sys.argv[2:]:
-    c = validation_curve(scalars, str(run), metric)
+    c = validation_curve(found.scalars, str(rows["run_dir"].iloc[0]), metric)
     print(f"  {metric} ({status}): " + " ".join(f"{int(s)}:{v:.4g}@{t:.0f}s" for s, v, t in zip(c["step"], c["value"], c["elapsed_s"])))
 PY
 }
