@@ -79,8 +79,14 @@ def followed_runs(runs: pd.DataFrame, stopped: pd.DataFrame, scalars: pd.DataFra
     if not frames:
         return Followed(runs.assign(stopped=False, segments=1), scalars)
     rows, joined = join_resumed(pd.concat(frames, ignore_index=True), scalars)
-    stale = [c for c in rows.columns if c.startswith("to ")]  # times to target on a segment's own clock
-    return Followed(order_runs(add_targets(rows.drop(columns=stale), joined, targets)), joined)
+    # times to target: the completed runs have theirs from analyse; the stopped ones have none yet, and a
+    # joined run's were taken on its last process's own clock
+    fresh = rows["stopped"].astype(bool) | (rows["segments"] > 1)
+    if fresh.any():
+        stale = [c for c in rows.columns if c.startswith("to ")]
+        redone = add_targets(rows[fresh].drop(columns=stale), joined, targets)
+        rows = pd.concat([rows[~fresh], redone])
+    return Followed(order_runs(rows), joined)
 
 
 def _training_span(own: pd.DataFrame) -> float:
