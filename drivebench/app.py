@@ -36,6 +36,7 @@ from drivebench.dist import (DistJob, RankFailed, TooFewDevices, apply_p2p, buil
                              resolve_devices)
 from drivebench.errors import ConfigError, DataError, data_error_in_worker
 from drivebench.lit.base import DriveModule
+from drivebench.models.common.backbone import frozen_norm
 from drivebench.models.registry import get_spec
 from drivebench.perf.machine import MachineInfo, detect_machine
 from drivebench.scaling import apply_batch, skips_unavailable_devices, write_skipped
@@ -147,6 +148,12 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(f"model.module.bucket_growth={growth!r} is not valid; use a factor >= 1 (default 1.15)")
     if OmegaConf.select(cfg, "model.module.max_buckets") is not None:
         _check_positive(cfg, "model.module.max_buckets")
+    norm_eval = OmegaConf.select(cfg, "model.net.norm_eval")
+    if norm_eval is not None:
+        try:
+            frozen_norm(norm_eval, weights=None)
+        except ValueError as err:
+            raise ConfigError(f"model.net.{err}") from None
     lr = OmegaConf.select(cfg, "model.optimizer.lr")
     if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0):
         raise ConfigError(f"model.optimizer.lr={lr!r} is not valid; use a learning rate >= 0")
@@ -199,6 +206,14 @@ def check_before_start(cfg: DictConfig) -> None:
             raise ConfigError(f"resume={resume} does not exist (or is not a file); give a step-*.ckpt file that a "
                               "drivebench run wrote, or resume=auto")
         read_checkpoint(str(Path(str(resume)).expanduser()))  # memory-mapped: its pickle only
+    _check_backbone_weights(cfg)
+
+
+def _check_backbone_weights(cfg: DictConfig) -> None:
+    weights = OmegaConf.select(cfg, "model.net.backbone_weights")
+    if weights not in (None, "") and not Path(str(weights)).expanduser().is_file():
+        raise ConfigError(f"model.net.backbone_weights={weights} does not exist (or is not a file); give a torchvision "
+                          "ResNet state_dict file, or model.net.backbone_weights=null to train from random init")
 
 
 def _check_directories(cfg: DictConfig) -> None:

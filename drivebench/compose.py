@@ -113,7 +113,10 @@ def explain(err: BaseException, overrides: list[str] = ()) -> str:
             node = cause.parent_node
             keys = _valid_keys(node) if isinstance(node, DictConfig) else []
             listed = f"; valid keys: {', '.join(keys)}" if keys else ""
-            return f"{key}={_given(overrides, key)} is not a key of {where}{listed}"
+            given = _given(overrides, key)
+            if isinstance(node, DictConfig) and "_target_" in node:  # an instantiated node takes more keywords
+                listed += f"; a keyword of {node.get('_target_')} that the config does not list: +{key}={given}"
+            return f"{key}={given} is not a key of {where}{listed}"
         if isinstance(cause, MissingMandatoryValue):
             return f"{key} has no value; set it: {key}=<value>"
         if isinstance(cause, ValidationError):

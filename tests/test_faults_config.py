@@ -93,6 +93,7 @@ BAD_VALUES = [
     ("accel.num_workers=-1", "accel.num_workers=-1 is not valid", ">= 0 or 'auto'"),
     ("accel.prefetch_factor=0", "accel.prefetch_factor=0 is not valid", ">= 1 or null"),
     ("accel.threads=-2", "accel.threads=-2 is not valid", "auto, default or a whole number"),
+    ("model=gaussianformer model.net.norm_eval=maybe", "model.net.norm_eval='maybe' is not valid", "with_weights"),
     # choices
     ("machine.accelerator=tpu", "machine.accelerator='tpu' is not valid", "auto, gpu, cpu"),
     ("model.size=nosuch", "model.size='nosuch' is not a size of model 'qcnet'", "paper, test"),
@@ -113,6 +114,8 @@ BAD_VALUES = [
     ("resume={tmp}/garbage.ckpt", "resume={tmp}/garbage.ckpt is not a checkpoint drivebench can read", "not a zip"),
     ("resume={tmp}/empty.ckpt", "resume={tmp}/empty.ckpt is not a checkpoint drivebench can read", "empty"),
     ("resume={tmp}/nosuch.ckpt", "resume={tmp}/nosuch.ckpt does not exist", "resume=auto"),
+    ("model=maptr model.net.backbone_weights={tmp}/nosuch.pth", "model.net.backbone_weights={tmp}/nosuch.pth does not exist",
+     "model.net.backbone_weights=null"),
 ]
 
 

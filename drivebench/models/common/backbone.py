@@ -3,12 +3,20 @@
 Why our own thin wrapper: the upstream repos use mmdet's ResNet with ``frozen_stages`` and frozen
 BatchNorm; torchvision's ResNet has the same layers, so we freeze the same parts here. Pretrained
 weights are optional and come from a local file (nothing is downloaded).
+
+Frozen BatchNorm keeps the statistics of the weights it was loaded with. Upstream loads ImageNet
+weights, so its frozen BN normalises; from random init the statistics are mean 0, variance 1 and a
+frozen BN is the identity: the residual stack then runs un-normalised and its output grows with
+depth (at random init, on a unit-variance image: C5 standard deviation 33 for a ResNet-50 and
+~4.5e4 for a ResNet-101, against ~1 with BatchNorm that normalises). ``norm_eval="with_weights"``
+(the models' setting) therefore freezes BN only when a weights file is loaded and otherwise trains
+it, as upstream's from-scratch configs (MapTR nano, SparseDrive) do.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +25,20 @@ from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 from drivebench.models.common.checkpointing import run_blocks
+
+NormEval = Union[bool, Literal["with_weights"]]
+
+
+def frozen_norm(norm_eval: NormEval, weights: str | None) -> bool:
+    """Whether the backbone's BatchNorm is frozen: ``norm_eval`` itself, or for ``"with_weights"``
+    whether pretrained weights are loaded (frozen statistics of random weights are the identity)."""
+    if norm_eval == "with_weights":
+        return bool(weights)
+    if isinstance(norm_eval, bool):
+        return norm_eval
+    raise ValueError(f"norm_eval={norm_eval!r} is not valid; use true (frozen BatchNorm), false (trained) or "
+                     "with_weights (frozen only when backbone_weights is set)")
+
 
 _RESNETS = {
     "resnet18": (torchvision.models.resnet18, (64, 128, 256, 512)),
@@ -33,7 +55,9 @@ class ResNetBackbone(nn.Module):
         depth: one of resnet18/34/50/101.
         out_indices: stages to return, e.g. (3,) for C5 only (MapTR) or (0, 1, 2, 3).
         frozen_stages: stem + the first ``frozen_stages`` stages get no gradient (-1: none).
-        norm_eval: use frozen BatchNorm (statistics and affine fixed), as upstream configs do.
+        norm_eval: frozen BatchNorm (statistics and affine fixed) when true, as upstream configs do
+            with pretrained weights; ``"with_weights"``: frozen only when ``weights`` is given
+            (see the module docstring). ``self.frozen_norm`` holds the resolved choice.
         weights: optional path to a torchvision state_dict.
         width_div: divide channel widths (CPU test sizes); 1 for the real networks.
         activation_checkpointing: recompute each residual block in backward instead of keeping its
@@ -48,7 +72,7 @@ class ResNetBackbone(nn.Module):
         depth: str = "resnet50",
         out_indices: Sequence[int] = (0, 1, 2, 3),
         frozen_stages: int = 1,
-        norm_eval: bool = True,
+        norm_eval: NormEval = "with_weights",
         weights: str | None = None,
         width_div: int = 1,
         activation_checkpointing: bool = False,
@@ -58,7 +82,8 @@ class ResNetBackbone(nn.Module):
         if depth not in _RESNETS:
             raise ValueError(f"backbone depth={depth!r}; valid choices: {', '.join(_RESNETS)}")
         ctor, channels = _RESNETS[depth]
-        kwargs = {"norm_layer": FrozenBatchNorm2d} if norm_eval else {}
+        self.frozen_norm = frozen_norm(norm_eval, weights)
+        kwargs = {"norm_layer": FrozenBatchNorm2d} if self.frozen_norm else {}
         net = ctor(weights=None, **kwargs)
         if width_div != 1:
             net = _shrink_resnet(net, width_div)
@@ -66,7 +91,7 @@ class ResNetBackbone(nn.Module):
         if weights:
             path = Path(weights)
             if not path.is_file():
-                raise FileNotFoundError(f"backbone weights file {path} does not exist; set model.backbone_weights=null "
+                raise FileNotFoundError(f"backbone weights file {path} does not exist; set model.net.backbone_weights=null "
                                         "to train from random init")
             state = torch.load(path, map_location="cpu", weights_only=True)
             state = {k: v for k, v in state.items() if not k.startswith("fc.")}

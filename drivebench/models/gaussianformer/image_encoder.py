@@ -1,6 +1,7 @@
 """Image encoder of GaussianFormer: ResNet (optionally with DCNv2 in stages 3-4) + 4-level FPN.
 
-Upstream: R101-DCN, caffe style, FCOS3D init, ``frozen_stages=1``, frozen BN; FPN over C3..C5
+Upstream: R101-DCN, caffe style, FCOS3D init, ``frozen_stages=1``, frozen BN (here frozen only with
+``backbone_weights``: ``norm_eval="with_weights"``, see ``drivebench.models.common.backbone``); FPN over C3..C5
 (``start_level=1``) with one extra level made by a stride-2 conv on ReLU(P5) (``add_extra_convs=
 "on_output"``, ``relu_before_extra_convs=True``), 4 levels of d=128.
 Differences here: torchvision's (pytorch-style) bottleneck puts the stride in the 3x3 conv, so the
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 from torchvision.ops import deform_conv2d
 
-from drivebench.models.common.backbone import FPN, MultiViewImageEncoder, ResNetBackbone
+from drivebench.models.common.backbone import FPN, MultiViewImageEncoder, NormEval, ResNetBackbone
 
 
 class ModulatedDeformConv2d(nn.Module):
@@ -81,10 +82,11 @@ def build_image_encoder(
     weights: str | None = None,
     num_levels: int = 4,
     activation_checkpointing: bool = False,
+    norm_eval: NormEval = "with_weights",
 ) -> MultiViewImageEncoder:
     """ResNet C3..C5 -> FPN with ``num_levels`` levels of ``embed_dims`` channels, frozen stem + stage 1;
     ``activation_checkpointing`` recomputes each residual block in backward (upstream ``with_cp``)."""
-    backbone = ResNetBackbone(depth, out_indices=(1, 2, 3), frozen_stages=1, norm_eval=True, weights=weights,
+    backbone = ResNetBackbone(depth, out_indices=(1, 2, 3), frozen_stages=1, norm_eval=norm_eval, weights=weights,
                               width_div=width_div, activation_checkpointing=activation_checkpointing)
     add_deformable_convs(backbone, dcn_stages)
     neck = FPNWithExtraLevel(backbone.out_channels, embed_dims, num_levels)

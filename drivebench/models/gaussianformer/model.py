@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from torch import nn
 
+from drivebench.models.common.backbone import NormEval
 from drivebench.models.gaussianformer.anchor import AnchorEncoder, AnchorLayout, GaussianLifter
 from drivebench.models.gaussianformer.encoder import CameraInputs, EncoderBlockConfig, GaussianEncoderBlock
 from drivebench.models.gaussianformer.geometry import GaussianSet, GridSpec
@@ -45,6 +46,7 @@ class GaussianFormer(nn.Module):
         dcn_stages: Sequence[int] = (2, 3),
         width_div: int = 1,
         backbone_weights: str | None = None,
+        norm_eval: NormEval = "with_weights",
         embed_dims: int = 128,
         ffn_dims: int = 512,
         num_levels: int = 4,
@@ -97,7 +99,7 @@ class GaussianFormer(nn.Module):
                                    include_opacity, semantic_dim, semantics_activation)
 
         self.image_encoder = build_image_encoder(depth, embed_dims, dcn_stages, width_div, backbone_weights, num_levels,
-                                                 activation_checkpointing)
+                                                 activation_checkpointing, norm_eval)
         self.lifter = GaussianLifter(num_gaussians, embed_dims, self.layout)
         self.anchor_encoder = AnchorEncoder(embed_dims, self.layout)
         block_cfg = EncoderBlockConfig(

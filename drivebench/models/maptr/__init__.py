@@ -1,7 +1,9 @@
 """MapTR v1 (hustvl/MapTR ``main``), registered as ``maptr`` with sizes tiny / nano / test.
 
 Sizes (keyword arguments of ``MapTR``):
-- ``tiny``: upstream ``maptr_tiny_r50_24e`` (R50, BEV 200x100, 6 decoder layers, 50 instances).
+- ``tiny``: upstream ``maptr_tiny_r50_24e`` (R50, BEV 200x100, 6 decoder layers, 50 instances); its
+  BatchNorm is frozen, as upstream's, only with ``backbone_weights`` (``norm_eval="with_weights"``:
+  frozen statistics of random weights are the identity, ``drivebench.models.common.backbone``).
 - ``nano``: upstream ``maptr_nano_r18_110e`` (R18 with trainable BN, BEV 80x40, 100 instances,
   2 decoder layers with 4 heads).
 - ``test``: a shrunk R18 and d=32 for CPU tests (forward + backward well under a second).
@@ -23,7 +25,7 @@ IMG_NORM = {"mean": (123.675, 116.28, 103.53), "std": (58.395, 57.12, 57.375), "
 
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {
-        "backbone": "resnet50", "frozen_stages": 1, "norm_eval": True, "embed_dims": 256,
+        "backbone": "resnet50", "frozen_stages": 1, "norm_eval": "with_weights", "embed_dims": 256,
         "bev_hw": (200, 100), "pc_range": PC_RANGE, "encoder_ffn": 512, "tsa_heads": 8,
         "decoder_layers": 6, "decoder_heads": 8, "decoder_deform_heads": 8, "decoder_ffn": 512, "num_vec": 50,
         "num_pts": 20, "grid_mask": True,
@@ -35,7 +37,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "num_pts": 20, "grid_mask": True,
     },
     "test": {
-        "backbone": "resnet18", "width_div": 8, "frozen_stages": 1, "norm_eval": True, "embed_dims": 32,
+        "backbone": "resnet18", "width_div": 8, "frozen_stages": 1, "norm_eval": "with_weights", "embed_dims": 32,
         "bev_hw": (20, 10), "pc_range": PC_RANGE, "encoder_ffn": 64, "tsa_heads": 4,
         "decoder_layers": 2, "decoder_heads": 4, "decoder_deform_heads": 4, "decoder_ffn": 64, "num_vec": 6,
         "num_pts": 20, "grid_mask": False,

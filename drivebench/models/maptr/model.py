@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from drivebench.models.common.backbone import FPN, MultiViewImageEncoder, ResNetBackbone
+from drivebench.models.common.backbone import FPN, MultiViewImageEncoder, NormEval, ResNetBackbone
 from drivebench.models.common.map_metrics import MAP_CLASSES
 from drivebench.models.maptr.bev_encoder import BEVEncoder
 from drivebench.models.maptr.decoder import MapDecoder
@@ -46,7 +46,7 @@ class MapTR(nn.Module):
         backbone: str = "resnet50",
         backbone_weights: str | None = None,
         frozen_stages: int = 1,
-        norm_eval: bool = True,
+        norm_eval: NormEval = "with_weights",
         width_div: int = 1,
         embed_dims: int = 256,
         bev_hw: Sequence[int] = (200, 100),
