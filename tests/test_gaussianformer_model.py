@@ -106,7 +106,7 @@ def test_registry_sizes_and_metadata():
 @pytest.mark.parametrize("size, low, high", [("gs25600", 56.8e6, 57.3e6), ("gs144000", 75.2e6, 75.7e6),
                                              ("gs25600_r50", 35.9e6, 36.6e6)])
 def test_paper_sizes_parameter_counts(size, low, high):
-    """models.md: ~57.0M and ~75.5M with R101-DCN (frozen BN here are buffers: ~0.1M fewer)."""
+    """models.md: ~57.0M and ~75.5M with R101-DCN (BN affine counted: trained from random init, as upstream's)."""
     with torch.device("meta"):
         net = create_model("gaussianformer", size)
     total = sum(p.numel() for p in net.parameters())

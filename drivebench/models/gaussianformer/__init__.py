@@ -8,11 +8,13 @@ Sizes follow huang-yh/GaussianFormer ``config/nuscenes_gs25600_solid.py`` and ``
 * ``gs144000`` (baseline): 144,000 Gaussians, no opacity, 18 raw semantics (empty is an ordinary
   class), scales in [0.08, 0.32] m, steps <= (2, 2, 0.5) m, all 4 layers supervised. ~75.5M.
 * ``gs25600_r50``: ``gs25600`` on a plain ResNet-50 without DCN (upstream's base backbone; frozen like the
-  R101 here: stem + stage 1 and all BN), ~36.2M parameters.
+  R101 here: stem + stage 1, and all BN with ``backbone_weights``), ~36.2M parameters.
 * ``test``: a few hundred Gaussians on a 20x20x4 grid of 1 m voxels, ResNet-50 / 16, d=32 (CPU tests).
 
 Backbone: ResNet-101 with DCNv2 (``torchvision.ops.deform_conv2d``) in stages 3-4, as upstream's
-R101-DCN (frozen BN are buffers here, so counts are ~0.1M below upstream's); ``depth=resnet50,
+R101-DCN; its BatchNorm is frozen as upstream's only with ``backbone_weights`` (from random init it trains:
+``norm_eval="with_weights"``, ``drivebench.models.common.backbone``; frozen, BN are buffers and counts ~0.1M
+lower); ``depth=resnet50,
 dcn_stages=()`` gives the plain R50 of upstream's base config.
 Images: 6 x 1600x864 (full resolution, cropped) for the paper sizes. Grid: SurroundOcc's 200x200x16
 voxels of 0.5 m over x, y in [-50, 50), z in [-5, 3) m of the lidar frame; 18 classes, 17 = empty.
