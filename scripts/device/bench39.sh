@@ -14,7 +14,7 @@
 #      2e-3 (on the CPU, results/cpu2core-2026-12-04-overfit, 2e-3 memorised faster), then a bounded nano none run
 #      for its step time: does nano reach the target, and does a none run of that schedule fit one call
 #   f  tiny as configured since 2026-12-05 (backbone BatchNorm trained from random init: b24's runs had frozen, identity
-#      BN, so the R50's C5 features had std ~33), 6 epochs, seeds 2023 and 2024 on one cold cache: does it reach
+#      BN, so the R50's C5 features had std ~38), 6 epochs, seeds 2023 and 2024 on one cold cache: does it reach
 #      the target now; then, if the cap allows, the backbone at the full learning rate (backbone_lr_mult=1.0)
 #   g  SparseDrive convergence none, seed 2023 (6 epochs, ~60 s each estimated: the first run of it)
 #   h  SparseDrive convergence max, seeds 2023 and 2024 on one cold cache

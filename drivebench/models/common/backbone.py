@@ -7,10 +7,10 @@ weights are optional and come from a local file (nothing is downloaded).
 Frozen BatchNorm keeps the statistics of the weights it was loaded with. Upstream loads ImageNet
 weights, so its frozen BN normalises; from random init the statistics are mean 0, variance 1 and a
 frozen BN is the identity: the residual stack then runs un-normalised and its output grows with
-depth (at random init, on a unit-variance image: C5 standard deviation 33 for a ResNet-50 and
-~4.5e4 for a ResNet-101, against ~1 with BatchNorm that normalises). ``norm_eval="with_weights"``
-(the models' setting) therefore freezes BN only when a weights file is loaded and otherwise trains
-it, as upstream's from-scratch configs (MapTR nano, SparseDrive) do.
+depth (at random init, on a unit-variance image: C5 standard deviation ~38 for a ResNet-50 and ~3e4
+for a ResNet-101, against ~1.2 with BatchNorm that normalises; ``scripts/backbone_scale.py``).
+``norm_eval="with_weights"`` (the models' setting) therefore freezes BN only when a weights file is
+loaded and otherwise trains it, as upstream's MapTR nano and SparseDrive configs train theirs.
 """
 
 from __future__ import annotations
