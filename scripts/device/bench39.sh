@@ -20,6 +20,8 @@
 #   h  SparseDrive convergence max, seeds 2023 and 2024 on one cold cache
 #   i  GaussianFormer convergence none, seed 2023 (2 epochs, ~210 s each estimated)
 #   j  GaussianFormer convergence max, seeds 2023 and 2024 on one cold cache
+#   k  MapTR convergence none, seed 2023 (tiny, 6 epochs, ~70 s each on b24's figures: the call after f when f's max
+#      runs reach the target)
 #      (targets since 2026-12-04: SparseDrive planning L2 within 2x the constant-velocity plan's, GaussianFormer
 #      mIoU over the classes present; both provisional until these runs)
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
@@ -58,7 +60,8 @@ case "$PART" in
   h) conv_max sparsedrive $SDM ;;
   i) conv_none gaussianformer $GFM ;;
   j) conv_max gaussianformer $GFM ;;
-  *) log "unknown part $PART (a-j)"; exit 2 ;;
+  k) conv_none maptr val/mAP ;;
+  *) log "unknown part $PART (a-k)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
