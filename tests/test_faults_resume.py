@@ -183,3 +183,46 @@ def test_the_failed_write_advice_is_true(failed_run, cache):
     record = summary(again)["run"]
     assert record["resumed_from"] == str(first) and sorted(losses(again)) == [3, 4, 5]
     assert step_file(ckpt_dir, 6).name == first.name.replace("00000003", "00000006")
+
+
+# ---- a checkpoint of another model: one line before Lightning's restore --------------------------------------
+def _backbone_state(norm_eval) -> dict[str, torch.Tensor]:
+    from drivebench.models.common.backbone import ResNetBackbone
+
+    return ResNetBackbone("resnet18", out_indices=(3,), norm_eval=norm_eval, width_div=8).state_dict()
+
+
+def test_another_model_is_named_with_what_differs():
+    from drivebench.ckpt.resume import check_model_fits
+
+    frozen, trained = _backbone_state(True), _backbone_state(False)
+    check_model_fits(trained, {"state_dict": trained, "optimizer_states": [{"param_groups": [{"params": [0] * 3}]}]},
+                     [3], "x.ckpt")  # the same model: nothing to say
+    check_model_fits(trained, {"state_dict": frozen}, None, "x.ckpt")  # BN's counter alone: every load takes that
+    with pytest.raises(ConfigError, match=r"its optimizer trains \[3\] parameters per group, this run \[5\]"
+                                          r".*It froze its backbone's BatchNorm.*\+model.net.norm_eval=true"):
+        check_model_fits(trained, {"state_dict": frozen, "optimizer_states": [{"param_groups": [{"params": [0] * 3}]}]},
+                         [5], "x.ckpt")
+    other = {k: v for k, v in trained.items() if not k.startswith("stages.3")}
+    other["stem.0.weight"] = torch.zeros(4, 3, 7, 7)
+    with pytest.raises(ConfigError) as caught:
+        check_model_fits(trained, {"state_dict": other}, None, "x.ckpt")
+    message = str(caught.value)
+    assert message.startswith("resume: x.ckpt holds another model than this run builds (") and "\n" not in message
+    assert "only in this run's model (e.g. stages.3." in message and "of other shapes (e.g. stem.0.weight: [4, 3, 7, 7]" in message
+
+
+def test_resuming_a_checkpoint_with_frozen_batchnorm_says_how(tmp_path, cache):
+    """A MapTR checkpoint written with the backbone's BatchNorm frozen (the setting before 2026-12-05), continued
+    by a run that trains it: before, Lightning's optimizer restore raised a ValueError with a traceback."""
+    maptr = ["model=maptr", "data.size=mini", "accel=none", "bench.ceiling=false", "bench.val_batches=0",
+             "bench.warmup_steps=0", "ckpt=local", f"ckpt.dir={tmp_path / 'ckpt'}", "ckpt.every_n_steps=2"]
+    first = run_cli([*maptr, "+model.net.norm_eval=true", f"hydra.run.dir={tmp_path / 'old'}", "bench.steps=2"],
+                    cache, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = step_file(tmp_path / "ckpt", 2)
+    done = run_cli([*maptr, f"hydra.run.dir={tmp_path / 'new'}", "bench.steps=4", f"resume={saved}"], cache, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-3000:]
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("drivebench:")]
+    assert line.startswith(f"drivebench: error: resume: {saved} holds another model than this run builds"), line
+    assert "+model.net.norm_eval=true" in line and "Traceback" not in done.stderr

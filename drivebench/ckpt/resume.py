@@ -22,7 +22,7 @@ import logging
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -80,6 +80,47 @@ def read_checkpoint(path: str, store: CheckpointStore | None = None) -> dict[str
         raise ConfigError(f"resume={path} is not a training checkpoint (it has no state_dict and global_step); "
                           "give a step-*.ckpt file that a drivebench run wrote, or resume=auto")
     return checkpoint
+
+
+# BatchNorm's counter: BatchNorm2d loads a state without it, FrozenBatchNorm2d drops it; neither fails on it
+_TOLERATED = "num_batches_tracked"
+
+
+def check_model_fits(mine: Mapping[str, torch.Tensor], checkpoint: Mapping[str, Any],
+                     my_group_sizes: Sequence[int] | None, source: str) -> None:
+    """Refuse in one line a checkpoint of another model than the one this run built (other tensors or
+    shapes, or other trained parameters: a BatchNorm frozen where this run trains it) before Lightning's
+    restore fails on it with a traceback. Checks only what that restore would refuse: the strict state
+    load and the optimizer's group sizes (``my_group_sizes``: this run's; None when not known)."""
+    theirs = checkpoint.get("state_dict") or {}
+    only_there = [k for k in theirs if k not in mine and not k.endswith(_TOLERATED)]
+    only_here = [k for k in mine if k not in theirs and not k.endswith(_TOLERATED)]
+    shapes = [k for k in mine if k in theirs and tuple(mine[k].shape) != tuple(theirs[k].shape)]
+    their_groups = [len(g.get("params", ())) for g in ((checkpoint.get("optimizer_states") or [{}])[0]
+                                                        .get("param_groups") or [])]
+    groups_differ = my_group_sizes is not None and bool(their_groups) and list(my_group_sizes) != their_groups
+    if not (only_there or only_here or shapes or groups_differ):
+        return
+    details = []
+    if only_there:
+        details.append(f"{len(only_there)} tensors only in the checkpoint (e.g. {only_there[0]})")
+    if only_here:
+        details.append(f"{len(only_here)} only in this run's model (e.g. {only_here[0]})")
+    if shapes:
+        k = shapes[0]
+        details.append(f"{len(shapes)} of other shapes (e.g. {k}: {list(theirs[k].shape)} there, {list(mine[k].shape)} here)")
+    if groups_differ:
+        details.append(f"its optimizer trains {their_groups} parameters per group, this run {list(my_group_sizes or [])}")
+    counters_here = any(k.endswith(_TOLERATED) for k in mine)
+    counters_there = any(k.endswith(_TOLERATED) for k in theirs)
+    hint = ""
+    if counters_here and not counters_there:
+        hint = (" It froze its backbone's BatchNorm, which this run trains (since 2026-12-05 from random init): "
+                "+model.net.norm_eval=true (MapTR) or model.net.norm_eval=true (GaussianFormer) continues it.")
+    elif counters_there and not counters_here:
+        hint = " It trained its backbone's BatchNorm, which this run freezes: model.net.norm_eval=with_weights continues it."
+    raise ConfigError(f"resume: {source} holds another model than this run builds ({'; '.join(details)}); resume it "
+                      f"with the values it was trained with, or start a new run without resume.{hint}")
 
 
 def _why_unreadable(path: str, err: BaseException) -> str:

@@ -209,6 +209,16 @@ class DriveModule(pl.LightningModule):
         if self.run_config is not None:
             checkpoint[CONFIG_KEY] = self.run_config
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint of another model stops the resume in one line (``check_model_fits``)."""
+        from drivebench.ckpt.resume import check_model_fits
+
+        trainer = self._trainer  # None when a checkpoint is loaded outside a fit (no optimizer to restore)
+        fitting = trainer is not None and self.optimizer_factory is not None
+        groups = [len(g["params"]) for g in self.parameter_groups()] if fitting else None
+        source = str(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else "the checkpoint"
+        check_model_fits(self.state_dict(), checkpoint, groups, source)
+
     # ---- optimisation ------------------------------------------------------------------------
     def parameter_groups(self) -> list[dict[str, Any]]:
         """Split trainable parameters into decayed and non-decayed groups."""

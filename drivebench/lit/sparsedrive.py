@@ -202,6 +202,7 @@ class SparseDriveModule(DriveModule):
             self._train_stream = None
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
         self.net.reset_state()
 
     # ---- optimisation ------------------------------------------------------------------------
