@@ -200,7 +200,7 @@ def test_another_model_is_named_with_what_differs():
                      [3], "x.ckpt")  # the same model: nothing to say
     check_model_fits(trained, {"state_dict": frozen}, None, "x.ckpt")  # BN's counter alone: every load takes that
     with pytest.raises(ConfigError, match=r"its optimizer trains \[3\] parameters per group, this run \[5\]"
-                                          r".*It froze its backbone's BatchNorm.*\+model.net.norm_eval=true"):
+                                          r".*It froze BatchNorm that this run trains \(stem.1 and 19 more\).*\+model.net.norm_eval=true"):
         check_model_fits(trained, {"state_dict": frozen, "optimizer_states": [{"param_groups": [{"params": [0] * 3}]}]},
                          [5], "x.ckpt")
     other = {k: v for k, v in trained.items() if not k.startswith("stages.3")}

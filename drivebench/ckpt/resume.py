@@ -111,14 +111,17 @@ def check_model_fits(mine: Mapping[str, torch.Tensor], checkpoint: Mapping[str, 
         details.append(f"{len(shapes)} of other shapes (e.g. {k}: {list(theirs[k].shape)} there, {list(mine[k].shape)} here)")
     if groups_differ:
         details.append(f"its optimizer trains {their_groups} parameters per group, this run {list(my_group_sizes or [])}")
-    counters_here = any(k.endswith(_TOLERATED) for k in mine)
-    counters_there = any(k.endswith(_TOLERATED) for k in theirs)
+    # BatchNorm layers that train here and were frozen there (their counters are new), or the other way round
+    trained_here = [k for k in mine if k.endswith(_TOLERATED) and k not in theirs]
+    trained_there = [k for k in theirs if k.endswith(_TOLERATED) and k not in mine]
     hint = ""
-    if counters_here and not counters_there:
-        hint = (" It froze its backbone's BatchNorm, which this run trains (since 2026-12-05 from random init): "
-                "+model.net.norm_eval=true (MapTR) or model.net.norm_eval=true (GaussianFormer) continues it.")
-    elif counters_there and not counters_here:
-        hint = " It trained its backbone's BatchNorm, which this run freezes: model.net.norm_eval=with_weights continues it."
+    if trained_here and not trained_there:
+        hint = (f" It froze BatchNorm that this run trains ({trained_here[0].rsplit('.', 1)[0]} and "
+                f"{len(trained_here) - 1} more): model.net.norm_eval=true (+model.net.norm_eval=true where the "
+                "config does not list it) continues it.")
+    elif trained_there and not trained_here:
+        hint = (f" It trained BatchNorm that this run freezes ({trained_there[0].rsplit('.', 1)[0]} and "
+                f"{len(trained_there) - 1} more): model.net.norm_eval=with_weights continues it.")
     raise ConfigError(f"resume: {source} holds another model than this run builds ({'; '.join(details)}); resume it "
                       f"with the values it was trained with, or start a new run without resume.{hint}")
 
