@@ -9,10 +9,9 @@
 #      max run with TF32 off fills an empty cache (TF32 is in Inductor's key), then convergence max TF32 off,
 #      seeds 2023 and 2024, on it
 #   d  MapTR auto then max, as a (b35: 0.99x, trial 7.3%)
-#   e  MapTR's learning curve on a longer schedule (b24: mAP 0.035 at best in 6 epochs, target 0.05): max only,
-#      nano (R18, 80x40 BEV: 110 epochs upstream), 24 epochs (warm-up 48 + cosine over 1152 steps), at lr 6e-4 and
-#      2e-3 (on the CPU, results/cpu2core-2026-12-04-overfit, 2e-3 memorised faster), then a bounded nano none run
-#      for its step time: does nano reach the target, and does a none run of that schedule fit one call
+#   e  MapTR nano with the recipe that learnt the bench set on the CPU (results/cpu2core-2026-12-05-backbone-bn:
+#      BN trained, lr 2e-3, backbone 1.0x; mAP 0.24 after epoch 4, 0.30 after 6): convergence max, seeds 2023 and
+#      2024 on one cold cache, then a bounded nano none run for its step time (does l fit one call)
 #   f  tiny as configured since 2026-12-05 (backbone BatchNorm trained from random init: b24's runs had frozen, identity
 #      BN, so the R50's C5 features had std ~38), 6 epochs, seeds 2023 and 2024 on one cold cache: does it reach
 #      the target now; then, if the cap allows, the backbone at the full learning rate (backbone_lr_mult=1.0)
@@ -22,6 +21,7 @@
 #   j  GaussianFormer convergence max, seeds 2023 and 2024 on one cold cache
 #   k  MapTR convergence none, seed 2023 (tiny, 6 epochs, ~70 s each on b24's figures: the call after f when f's max
 #      runs reach the target)
+#   l  MapTR nano convergence none with e's recipe, seed 2023 (the call after e when e's max runs reach the target)
 #      (targets since 2026-12-04: SparseDrive planning L2 within 2x the constant-velocity plan's, GaussianFormer
 #      mIoU over the classes present; both provisional until these runs)
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
@@ -34,7 +34,7 @@ conv_max() {
   for s in 2023 2024; do run "$1_conv_max_s$s" 270 +experiment=convergence model="$1" accel=max seed=$s; curve "$1_conv_max_s$s" "${@:2}"; done
 }
 SDM="val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg" GFM="val/miou_present val/miou"
-MAPTR24="+experiment=convergence model=maptr model.convergence.max_epochs=24 model.convergence.scheduler.total_steps=1152"
+NANO="+experiment=convergence model=maptr model.size=nano model.optimizer.lr=2e-3 model.module.backbone_lr_mult=1.0"
 case "$PART" in
   a) auto_then_max sparsedrive model=sparsedrive bench.steps=150
      run sparsedrive_max2 150 model=sparsedrive bench.steps=150 $T accel=max ;;  # max against max: the spread
@@ -47,10 +47,7 @@ case "$PART" in
      done ;;
   d) auto_then_max maptr model=maptr ;;
   e) cold maptr-nano
-     for lr in 6e-4 2e-3; do
-       run maptr_nano_conv24_max_lr$lr 240 $MAPTR24 model.size=nano accel=max seed=2023 model.optimizer.lr=$lr
-       curve maptr_nano_conv24_max_lr$lr val/mAP
-     done
+     for s in 2023 2024; do run maptr_nano_conv_max_s$s 200 $NANO accel=max seed=$s; curve maptr_nano_conv_max_s$s val/mAP; done
      run maptr_nano_none_steps 90 model=maptr model.size=nano $T accel=none bench.steps=40 ;;
   f) cold maptr-tiny
      for s in 2023 2024; do run maptr_conv_max_s$s 200 +experiment=convergence model=maptr accel=max seed=$s; curve maptr_conv_max_s$s val/mAP; done
@@ -61,7 +58,8 @@ case "$PART" in
   i) conv_none gaussianformer $GFM ;;
   j) conv_max gaussianformer $GFM ;;
   k) conv_none maptr val/mAP ;;
-  *) log "unknown part $PART (a-k)"; exit 2 ;;
+  l) run maptr_nano_conv_none_s2023 560 $NANO accel=none seed=2023; curve maptr_nano_conv_none_s2023 val/mAP ;;
+  *) log "unknown part $PART (a-l)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
