@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from drivebench.accel.autotune import (CUT, FAILED, IN_RUN, OK, SKIPPED, Capabilities, Measurement, Stage, Trial, choose,
-                                       plan_stages, search, worker_counts)
+                                       plan_stages, search, search_steps, worker_counts)
 from drivebench.app import build_run
 from drivebench.bench.autotune import AccelTrial, render_trials
 from drivebench.errors import ConfigError
@@ -186,6 +186,49 @@ def test_the_budget_stops_the_search_and_names_what_it_left_out():
     assert skipped[0].change == "num_workers=2" and "budget" in skipped[0].reason
     assert any(t.stage == "pin_memory" and "budget" in t.reason for t in skipped)
     assert result.chosen == {"num_workers": 4, "pin_memory": False}
+
+
+def _drive(steps, measure):
+    """Run a ``search_steps`` generator to its end, as the run's training loop does one segment at a time."""
+    requests = []
+    try:
+        request = next(steps)
+        while True:
+            requests.append(request)
+            request = steps.send(measure(request))
+    except StopIteration as done:
+        return done.value, requests
+
+
+def test_segments_charged_by_their_cost_all_run_where_their_wall_time_would_spend_the_budget():
+    """b39 (SparseDrive, H200): segments of ~1-s steps spent the 60-s budget by wall time while costing 5 s, and
+    the search never reached bf16. Charged by cost, equal-speed segments cost nothing and every stage runs;
+    the wall clock would have stopped it after the second."""
+    stages = [Stage("num_workers", (0, 4)), Stage("pin_memory", (False, True)), Stage("tf32", (False, True))]
+    base = {"num_workers": 0, "pin_memory": False, "tf32": False}
+    for charge, tried in (("cost", 4), ("wall", 2)):
+        clock = FakeClock()
+
+        def measure(request, clock=clock):
+            clock.now += 20.0  # every segment takes 20 s of the run's own steps, at the same speed
+            return Measurement(steps_measured=4, steps_wanted=4, step_s={"median": 1.0, "p10": 1.0, "p90": 1.0},
+                               data_wait_fraction=0.0, cost_s=0.5 if request.reference_s else 0.0)
+        result, requests = _drive(search_steps(base, stages, 30.0, 0.05, clock=clock, where="run", charge=charge), measure)
+        assert len(requests) == tried, charge
+        assert result.stopped_by_budget is (charge == "wall")
+    # the segments are told the incumbent's median to count their cost against (none for the base)
+    assert requests[0].reference_s is None and requests[1].reference_s == 1.0
+
+
+def test_charged_by_cost_the_base_is_measured_even_with_no_budget_left_and_nothing_else_is():
+    stages = [Stage("tf32", (False, True))]
+    result, requests = _drive(search_steps({"tf32": False}, stages, 0.0, 0.05, where="run", charge="cost"),
+                              lambda request: Measurement(steps_measured=4, steps_wanted=4, step_s={"median": 1.0},
+                                                          cost_s=0.0))
+    assert len(requests) == 1 and result.stopped_by_budget
+    assert [t.status for t in result.trials] == [OK, SKIPPED] and result.chosen == {"tf32": False}
+    with pytest.raises(ValueError, match="charge"):
+        next(search_steps({}, stages, 1.0, 0.05, charge="steps"))
 
 
 def test_stages_follow_the_machine_the_model_and_auto_numerics():

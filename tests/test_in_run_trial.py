@@ -27,9 +27,10 @@ BUILT = {"precision": "32-true", "cuda_graphs": "off"}
 class Tiny(pl.LightningModule):
     """One compiled Linear; records whether each training step ran under autocast."""
 
-    def __init__(self, compute_s: float = 0.0) -> None:
+    def __init__(self, compute_s: float = 0.0, autocast_factor: float = 1.0) -> None:
         super().__init__()
         self.compute_s = compute_s  # a step's own work (a sleep): what the loader has to keep up with
+        self.autocast_factor = autocast_factor  # that work under bf16 autocast, as a multiple
         self.net = nn.Sequential(nn.Linear(8, 8))
         self.net[0].compile(backend="eager")
         self.graphed_loss = None
@@ -37,7 +38,7 @@ class Tiny(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         self.autocast.append(torch.is_autocast_enabled("cpu"))
-        time.sleep(self.compute_s)
+        time.sleep(self.compute_s * (self.autocast_factor if self.autocast[-1] else 1.0))
         return self.net(batch[0]).float().pow(2).mean()
 
     def configure_optimizers(self):
@@ -57,16 +58,17 @@ class SlowRows(torch.utils.data.Dataset):
 
 
 def _fit(tmp_path: Path, max_steps: int, sleep_s: float = 0.0, gated: dict | None = None, stages=STAGES,
-         compute_s: float = 0.0, margin: float = 0.05):
-    module = Tiny(compute_s)
+         compute_s: float = 0.0, margin: float = 0.05, budget_s: float = 60.0, autocast_factor: float = 1.0):
+    module = Tiny(compute_s, autocast_factor)
     units = {"net.0": module.net[0]}
     timer = StepTimer("train", warmup_steps=2)
     short_fit = Trial(stage="base", change="base", setting=dict(BUILT), step_s_median=0.01, cost_s=1.5, chosen=True)
     block = {"preset": "auto", "base": dict(BUILT), "margin": margin, "budget_s": 60.0, "cost_s": 1.5,
              "stopped_by_budget": False, "not_allowed": [], "changed": {}, "trials": [short_fit.to_dict()]}
     chosen_live: list[dict] = []
-    trial = InRunTrial(timer, stages, dict(BUILT), dict(BUILT), block, margin=margin, steps=4, warmup=1, budget_s=60.0,
-                       units=units, compile_setting={"compile": True}, gated=gated, on_chosen=chosen_live.append)
+    trial = InRunTrial(timer, stages, dict(BUILT), dict(BUILT), block, margin=margin, steps=4, warmup=1,
+                       budget_s=budget_s, units=units, compile_setting={"compile": True}, gated=gated,
+                       on_chosen=chosen_live.append)
     data = torch.utils.data.DataLoader(SlowRows(sleep_s), batch_size=4)
     trainer = pl.Trainer(max_steps=max_steps, logger=False, callbacks=[timer, trial], enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
@@ -115,6 +117,26 @@ def test_a_run_shorter_than_its_trial_keeps_what_it_chose_and_judges_no_compile(
     assert block["compile_in_run"]["judged"] is False and block["compile_in_run"]["kept"] is False
     assert module.net[0]._compiled_call_impl is None and "compile" not in block["in_run"]
     assert block["eager_choice"]["precision"] == "32-true"  # a cut candidate is never chosen
+
+
+def test_the_budget_counts_what_segments_take_beyond_the_run_steps_not_their_wall_time(tmp_path):
+    """Two 5-step segments of 60-ms steps take ~0.6 s of wall time; at the same speed they cost ~nothing, so a
+    0.3-s budget lets both complete (b39: charged by wall time, SparseDrive's search stopped before bf16)."""
+    _, _, _, block, _ = _fit(tmp_path, max_steps=14, compute_s=0.06, margin=1.0, budget_s=0.3)
+    rows = [r for r in block["trials"] if r["where"] == "run"]
+    assert [(r["stage"], r["status"], r["steps_measured"]) for r in rows[:2]] == [("base", OK, 4), ("precision", OK, 4)]
+    assert block["in_run_trial"]["wall_s"] > 0.5 and not block["in_run_trial"]["stopped_by_budget"]
+
+
+def test_a_slower_candidate_is_cut_once_its_extra_time_reaches_the_budget(tmp_path):
+    """bf16 steps here take 3x the fp32 ones (+120 ms each), under the early stop's 6x: the budget cuts it."""
+    module, _, _, block, _ = _fit(tmp_path, max_steps=16, compute_s=0.06, margin=1.0, budget_s=0.2,
+                                  autocast_factor=3.0)
+    rows = [r for r in block["trials"] if r["where"] == "run"]
+    assert rows[1]["stage"] == "precision" and rows[1]["status"] == "cut" and "budget" in rows[1]["reason"]
+    assert rows[1]["steps_measured"] < 4 and block["in_run_trial"]["stopped_by_budget"]
+    assert block["eager_choice"]["precision"] == "32-true"  # a cut candidate is never chosen
+    assert module.autocast[-1] is False  # the run went on at the choice
 
 
 def test_a_first_segment_waiting_for_the_loader_stops_the_run_for_loader_trials(tmp_path):

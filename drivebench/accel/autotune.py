@@ -37,8 +37,12 @@ Candidates are accel overrides, applied through the same resolution as the prese
 (``AccelSettings.resolve``); this module only plans and decides. Measuring one candidate (a real
 short training) is the caller's ``measure`` function (``drivebench.bench.autotune``). A candidate
 whose trial raised is recorded with its error and never chosen; one cut short by the budget is never
-chosen either. The budget bounds the whole search: no trial starts when less than half a trial's
-typical cost is left, and a running one is stopped at the budget.
+chosen either. The budget bounds the whole search's cost: no trial starts when less than half a trial's
+typical cost is left, and a running one is stopped at the budget. A short fit costs its wall time; a segment
+of the run's own steps (``drivebench.accel.in_run_trial``) costs only what it takes beyond the same steps at
+the best setting so far, since those steps train the run (SparseDrive on an H200, b39: charged by wall time,
+two 15-step segments of ~1 s steps spent 47 s of the 60-s budget while costing 5.3 s, and bf16, the knob that
+pays most, was never tried: auto trained at 0.63x ``max``).
 """
 
 from __future__ import annotations
@@ -262,11 +266,13 @@ class SearchResult:
 @dataclass(frozen=True)
 class Request:
     """What the search asks to be measured next: ``setting`` (accel overrides), with ``seconds_left`` of the
-    budget, stopped after ``SLOWER_AFTER`` measured steps once their median is over ``stop_above_s``."""
+    budget, stopped after ``SLOWER_AFTER`` measured steps once their median is over ``stop_above_s``;
+    ``reference_s`` is the incumbent's median (None for the base), what a segment's cost is counted against."""
 
     setting: dict[str, Any]
     seconds_left: float
     stop_above_s: float | None
+    reference_s: float | None = None
 
 
 def search(base: Mapping[str, Any], stages: Sequence[Stage],
@@ -291,15 +297,24 @@ def search(base: Mapping[str, Any], stages: Sequence[Stage],
 
 def search_steps(base: Mapping[str, Any], stages: Sequence[Stage], budget_s: float, margin: float,
                  not_allowed: Sequence[dict[str, str]] = (), clock: Callable[[], float] = time.monotonic,
-                 where: str = "trial") -> Generator[Request, Measurement, SearchResult]:
+                 where: str = "trial", charge: str = "wall") -> Generator[Request, Measurement, SearchResult]:
     """:func:`search` as a generator: it yields each :class:`Request` and is sent its :class:`Measurement`,
     so a caller that cannot call back (the run's own training loop, ``drivebench.accel.in_run_trial``)
-    can drive it one step boundary at a time. Its rows carry ``where``."""
+    can drive it one step boundary at a time. Its rows carry ``where``.
+
+    ``charge`` says what the budget counts: ``"wall"``, the time since the search began (short fits, all of
+    whose time is the trial's); ``"cost"``, the measurements' own ``cost_s`` (segments of the run's steps,
+    which report only their time beyond the same steps at the reference). Under ``"cost"`` the base is always
+    measured: it is the reference, and its steps train the run."""
+    if charge not in ("wall", "cost"):
+        raise ValueError(f"charge={charge!r}: use 'wall' or 'cost'")
     start = clock()
     trials: list[Trial] = []
     stopped = False
 
     def left() -> float:
+        if charge == "cost":
+            return budget_s - sum(max(t.cost_s, 0.0) for t in trials)
         return budget_s - (clock() - start)
 
     def run_trial(stage: str, change: str, setting: dict[str, Any]) -> Generator[Request, Measurement, Trial]:
@@ -308,7 +323,8 @@ def search_steps(base: Mapping[str, Any], stages: Sequence[Stage], budget_s: flo
         costs = [t.cost_s for t in trials if t.status in (OK, FAILED, CUT) and t.cost_s > 0]
         typical = sorted(costs)[len(costs) // 2] if costs else 0.0
         remaining = left()
-        if remaining <= 0 or (typical and remaining < 0.5 * typical):
+        exempt = charge == "cost" and not trials  # the base: the reference, and steps the run trains anyway
+        if not exempt and (remaining <= 0 or (typical and remaining < 0.5 * typical)):
             stopped = True
             trial.status, trial.reason = SKIPPED, (f"budget: {max(remaining, 0):.1f} s of accel.auto_budget_s="
                                                    f"{budget_s:g} left, a trial costs ~{typical:.1f} s")
@@ -316,7 +332,7 @@ def search_steps(base: Mapping[str, Any], stages: Sequence[Stage], budget_s: flo
             return trial
         reference = next((t.step_s_median for t in trials if t.chosen), None)  # the incumbent's
         stop_above = reference * (1.0 + SLOWER_STOP * margin) if reference else None
-        m = yield Request(dict(setting), remaining, stop_above)
+        m = yield Request(dict(setting), max(remaining, 0.0), stop_above, reference)
         trial.cost_s = m.cost_s
         trial.cost_split = dict(m.cost_split) or None
         trial.warmup_steps_s = [list(pair) for pair in m.warmup_steps_s] or None

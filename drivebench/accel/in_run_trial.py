@@ -8,8 +8,10 @@ fit in memory) need none of that: each of their candidates is a *segment* of the
 ``accel.auto_warmup_steps`` after the switch and ``accel.auto_steps`` measured, with the same greedy search
 and margin (``drivebench.accel.autotune.search_steps``, driven one step boundary at a time). Those steps
 train the run, so the trial costs what its segments took beyond the same steps at the setting finally
-chosen (a slower candidate's extra time, a capture, an autotuning), not the steps themselves. The step
-timer counts every trial step as warm-up, so the run's statistics hold only steps at the chosen setting.
+chosen (a slower candidate's extra time, a capture, an autotuning), not the steps themselves, and
+``accel.auto_budget_s`` is charged the same way (``search_steps(charge="cost")``; charged by wall time,
+SparseDrive's 1-s steps spent the budget on two segments: H200, b39). The step timer counts every trial step
+as warm-up, so the run's statistics hold only steps at the chosen setting.
 
 Then compile, as before (``drivebench.accel.compile_judge``): the run was built compiled, its compiled
 calls set aside during the segments; they come back (with CUDA graphs where the model allows them) and
@@ -152,8 +154,13 @@ def _optimizer_state_like_params(trainer: pl.Trainer) -> None:
 @dataclasses.dataclass
 class _Segment:
     request: Request
-    started: float
     records: list[StepRecord] = dataclasses.field(default_factory=list)
+
+
+def _better(own: float | None, reference: float | None) -> float | None:
+    """The faster of two medians, either of which may be missing (or NaN)."""
+    known = [m for m in (own, reference) if m is not None and m == m]
+    return min(known) if known else None
 
 
 class InRunTrial(pl.Callback):
@@ -200,7 +207,8 @@ class InRunTrial(pl.Callback):
             self._compiled[name] = unit._compiled_call_impl
             unit._compiled_call_impl = None
         self.phase = "segments"
-        self._search = search_steps(self.start, self.stages, self.budget_s, self.margin, clock=self.clock, where="run")
+        self._search = search_steps(self.start, self.stages, self.budget_s, self.margin, clock=self.clock, where="run",
+                                    charge="cost")
         self._begin(next(self._search), trainer, pl_module)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
@@ -216,7 +224,7 @@ class InRunTrial(pl.Callback):
         limit = segment.request.stop_above_s
         slower = (limit is not None and len(measured) >= SLOWER_AFTER
                   and statistics.median(r.step_s for r in measured) > limit)
-        late = self.clock() - segment.started >= segment.request.seconds_left
+        late = self._over_budget(segment)
         if len(measured) >= self.steps or slower or late:
             self._advance(self._measure(segment, slower), trainer, pl_module)
 
@@ -236,7 +244,7 @@ class InRunTrial(pl.Callback):
     # ---- the segments ------------------------------------------------------------------------
     def _begin(self, request: Request, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self._apply(request.setting, trainer, module)
-        self._segment = _Segment(request, self.clock())
+        self._segment = _Segment(request)
         self._segments.append(self._segment)
 
     def _apply(self, setting: dict[str, Any], trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -248,8 +256,30 @@ class InRunTrial(pl.Callback):
         if release is not None and any(k in GRAPHED_KERNEL_KNOBS for k in changed):
             release()
 
+    def _charged(self, segment: _Segment) -> list[StepRecord]:
+        """The segment's steps that count towards its cost: all but the run's very first step (process-wide
+        set-up that any run pays at its first step, trial or not)."""
+        return segment.records[1:] if segment is self._segments[0] else segment.records
+
+    def _excess(self, segment: _Segment, reference: float | None) -> float:
+        """What the segment's steps took beyond the same number at ``reference`` (its own median when None)."""
+        records = self._charged(segment)
+        if not records:
+            return 0.0
+        if reference is None:
+            reference = statistics.median(r.step_s for r in records)
+        return sum(r.step_s for r in records) - len(records) * reference
+
+    def _over_budget(self, segment: _Segment) -> bool:
+        """A candidate's segment is cut once its cost so far reaches what the budget left it; the base is the
+        reference and always completes (its steps train the run at the setting it starts from)."""
+        reference = segment.request.reference_s
+        return reference is not None and self._excess(segment, reference) >= segment.request.seconds_left
+
     def _measure(self, segment: _Segment, slower: bool) -> Measurement:
-        """The segment's figures, as a short fit of its own would report them (``phase_stats``)."""
+        """The segment's figures, as a short fit of its own would report them (``phase_stats``); its cost, what
+        the search charges to the budget, is its time beyond the same steps at the better of the incumbent's
+        median and its own (``_price_segments`` prices every row again against the final choice)."""
         records = [dataclasses.replace(r, warmup=i < self.warmup, profiled=False) for i, r in enumerate(segment.records)]
         stats = phase_stats(PhaseTimes("autotune", records=records))
         step = stats.get("step_s") or {}
@@ -259,7 +289,7 @@ class InRunTrial(pl.Callback):
             data_wait_fraction=float(stats.get("data_wait_fraction", float("nan"))),
             h2d_fraction=(h2d / step["mean"]) if h2d is not None and step.get("mean") else float("nan"),
             samples_per_s=float((stats.get("samples_per_s_per_step") or {}).get("median", float("nan"))),
-            stopped_slower=slower, cost_s=sum(r.step_s for r in records),
+            stopped_slower=slower, cost_s=max(self._excess(segment, _better(step.get("median"), segment.request.reference_s)), 0.0),
             warmup_steps_s=[[round(r.step_s, 3), round(r.data_wait_s, 3)] for r in records if r.warmup])
 
     def _advance(self, measurement: Measurement, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -339,13 +369,12 @@ class InRunTrial(pl.Callback):
         """Each timed row's cost: its segment's steps beyond the same number of steps at the chosen setting's
         median (negative when faster). The run's very first step is left out: process-wide set-up (loader
         workers starting, cuDNN and cuBLAS handles) that any run pays at its first step, trial or not."""
-        timed = [t for t in rows if t.status in (OK, CUT) and t.where == "run" and t.cost_s]
+        timed = [t for t in rows if t.status in (OK, CUT) and t.where == "run"]  # one segment each, in order
         excess = 0.0
-        for index, (row, segment) in enumerate(zip(timed, self._segments)):
-            records = segment.records[1:] if index == 0 else segment.records
+        for row, segment in zip(timed, self._segments):
             if reference is None:
                 continue
-            row.cost_s = sum(r.step_s for r in records) - len(records) * reference
+            row.cost_s = self._excess(segment, reference)
             excess += row.cost_s
         return excess
 

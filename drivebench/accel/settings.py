@@ -59,7 +59,7 @@ class AccelSettings:
     threads: int | str = "default"  # the training process's intra-op threads under the budget, or "default" (see threads.py)
     auto_trial: bool = False       # accel=auto: time candidate settings first, train with the fastest
     auto_numerics: bool = False    # the trial may change the number format (precision, TF32)
-    auto_budget_s: float = 60.0    # the trial's wall-time bound
+    auto_budget_s: float = 60.0    # the trial's cost bound (short fits: wall time; the run's segments: their excess)
     auto_steps: int = 10           # measured steps per candidate
     auto_warmup_steps: int = 5     # steps per candidate before those (compile, graph capture, workers starting)
     auto_margin: float = 0.05      # a gain under this share of the step is noise: the simpler setting stays

@@ -459,8 +459,9 @@ def in_run_judge(run: Any, timer: StepTimer, on_chosen: Callable[[dict[str, Any]
         stages = [Stage(**{**st, "values": tuple(st["values"])}) for st in plan["stages"]]
         built = {knob: getattr(accel, knob) for knob in SETTINGS_KNOBS}
         built["cuda_graphs"] = "on" if getattr(run.module, "graphed_loss", None) is not None else "off"
+        left_s = float(block["budget_s"]) - float(block.get("cost_s") or 0.0)  # what the short fits left
         return InRunTrial(timer, stages, plan["start"], built, block, margin=float(block["margin"]),
-                          steps=int(block["steps"]), warmup=int(block["warmup_steps"]), budget_s=float(block["budget_s"]),
+                          steps=int(block["steps"]), warmup=int(block["warmup_steps"]), budget_s=left_s,
                           units=units, compile_setting=plan["compile_setting"], gated=plan["gated"], on_chosen=on_chosen)
     if not (block.get("in_run") or {}).get("compile") or block.get("eager_step_s") is None:
         return None
