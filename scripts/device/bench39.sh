@@ -22,6 +22,8 @@
 #   k  MapTR convergence none, seed 2023 (tiny, 6 epochs, ~70 s each on b24's figures: the call after f when f's max
 #      runs reach the target)
 #   l  MapTR nano convergence none with e's recipe, seed 2023 (the call after e when e's max runs reach the target)
+#   m  MapTR nano convergence none with e's recipe, seed 2024 (b39's e and l gave the figure: 4.24x; a second none
+#      seed for the rule "max's final inside none's seed spread")
 #      (targets since 2026-12-04: SparseDrive planning L2 within 2x the constant-velocity plan's, GaussianFormer
 #      mIoU over the classes present; both provisional until these runs)
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
@@ -59,7 +61,8 @@ case "$PART" in
   j) conv_max gaussianformer $GFM ;;
   k) conv_none maptr val/mAP ;;
   l) run maptr_nano_conv_none_s2023 560 $NANO accel=none seed=2023; curve maptr_nano_conv_none_s2023 val/mAP ;;
-  *) log "unknown part $PART (a-l)"; exit 2 ;;
+  m) run maptr_nano_conv_none_s2024 575 $NANO accel=none seed=2024; curve maptr_nano_conv_none_s2024 val/mAP ;;
+  *) log "unknown part $PART (a-m)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
