@@ -226,3 +226,5 @@ def test_resuming_a_checkpoint_with_frozen_batchnorm_says_how(tmp_path, cache):
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("drivebench:")]
     assert line.startswith(f"drivebench: error: resume: {saved} holds another model than this run builds"), line
     assert "+model.net.norm_eval=true" in line and "Traceback" not in done.stderr
+    # refused before data preparation and the fit: the one line is all it printed, and nothing was logged
+    assert done.stderr.strip() == line and not (tmp_path / "new" / "tb").exists()

@@ -31,7 +31,7 @@ from drivebench.accel.gc_freeze import FreezeHeap
 from drivebench.app import Run, build
 from drivebench.bench.phase_logger import CEILING, FIT, VALIDATE, phase_logger
 from drivebench.ckpt.identity import RunIdentity
-from drivebench.ckpt.resume import ResumePlan, resolve_resume
+from drivebench.ckpt.resume import ResumePlan, check_model_fits, resolve_resume
 from drivebench.ckpt.state import RngState
 from drivebench.data.device_prefetch import DevicePrefetchLoader
 from drivebench.data.epoch_stream import EpochStream
@@ -219,6 +219,9 @@ class TrainBench:
         checkpoint_io = build(cfg.ckpt.io, _convert_="all")
         identity = RunIdentity.of_config(OmegaConf.to_container(cfg, resolve=True), _world(run))
         plan = resolve_resume(cfg, checkpoint_io.store, identity)  # may adopt the checkpoint's run id
+        if plan is not None and plan.checkpoint is not None:  # another model: refused before data preparation
+            check_model_fits(run.module.state_dict(), plan.checkpoint, run.module.optimizer_group_sizes(), str(plan.path))
+            plan.checkpoint = None  # Lightning reads it again at the restore
         checkpoint_io.bind(identity)
         summary["run"]["run_id"] = identity.run_id
         summary["run"]["fingerprint"] = identity.fingerprint

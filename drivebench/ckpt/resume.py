@@ -44,6 +44,7 @@ class ResumePlan:
     differs: list[str] = field(default_factory=list)        # fingerprinted values (only for resume=<path>)
     also_differs: list[str] = field(default_factory=list)   # budget, speed knobs, dist: not part of the identity
     passed_over: list[str] = field(default_factory=list)    # resume=auto: others' checkpoints it did not take
+    checkpoint: dict[str, Any] | None = field(default=None, repr=False)  # what was read (``check_model_fits``)
 
     @property
     def step(self) -> int | None:
@@ -182,8 +183,9 @@ def _explicit(asked: str, store: CheckpointStore | None, identity: RunIdentity) 
     exists = store_for(path, store).exists(path) if _is_remote(path) else Path(path).is_file()
     if not exists:
         raise ConfigError(f"resume={asked} does not exist; give a checkpoint file or URL, or resume=auto")
-    theirs = _identity_of(read_checkpoint(path, store), identity)
-    plan = ResumePlan(asked, path, f"resume={asked}", theirs)
+    checkpoint = read_checkpoint(path, store)
+    theirs = _identity_of(checkpoint, identity)
+    plan = ResumePlan(asked, path, f"resume={asked}", theirs, checkpoint=checkpoint)
     if theirs is None:
         plan.how += " (it records no config: nothing to compare)"
         return plan
@@ -201,17 +203,18 @@ def _newest_first(files: list[CheckpointFile]) -> list[CheckpointFile]:
 
 
 def _first_own(files: list[CheckpointFile], identity: RunIdentity,
-               store: CheckpointStore | None = None) -> tuple[CheckpointFile, RunIdentity] | None:
-    """The newest of ``files`` that loads and whose full fingerprint is ``identity``'s."""
+               store: CheckpointStore | None = None) -> tuple[CheckpointFile, RunIdentity, dict[str, Any]] | None:
+    """The newest of ``files`` that loads and whose full fingerprint is ``identity``'s, with what was read."""
     for found in _newest_first(files):
         try:
-            theirs = RunIdentity.of_checkpoint(store_for(found.path, store).load(found.path)
-                                               if _is_remote(found.path) else _full_load(found.path))
+            checkpoint = (store_for(found.path, store).load(found.path) if _is_remote(found.path)
+                          else _full_load(found.path))
+            theirs = RunIdentity.of_checkpoint(checkpoint)
         except Exception as err:  # a file under a final name that does not load: skipped, named
             log.warning("resume=auto: skipping %s (does not load: %s)", found.path, _why_unreadable(found.path, err))
             continue
         if identity.same_training(theirs):
-            return found, theirs
+            return found, theirs, checkpoint
     return None
 
 
@@ -225,9 +228,9 @@ def _auto(cfg: Any, store: CheckpointStore | None, identity: RunIdentity) -> Res
     in_dir = store.list_checkpoints() if store is not None else []
     own = _first_own([f for f in in_dir if f.trains_like(identity)], identity, store)
     if own is not None:
-        found, theirs = own
+        found, theirs, checkpoint = own
         plan = ResumePlan("auto", found.path, "resume=auto: the newest checkpoint of this run's training in ckpt.dir",
-                          theirs)
+                          theirs, checkpoint=checkpoint)
     else:
         root = Path(cfg.paths.outputs_root)
         earlier = []
@@ -240,10 +243,10 @@ def _auto(cfg: Any, store: CheckpointStore | None, identity: RunIdentity) -> Res
                     continue
         own = _first_own(earlier, identity)
         if own is not None:
-            found, theirs = own
+            found, theirs, checkpoint = own
             plan = ResumePlan("auto", found.path, f"resume=auto: the newest checkpoint of an earlier {workload} run "
                               "with this run's training under paths.outputs_root "
-                              f"({Path(found.path).parent.parent})", theirs)
+                              f"({Path(found.path).parent.parent})", theirs, checkpoint=checkpoint)
         else:
             plan = ResumePlan("auto", None, f"no checkpoint of {workload} with this run's training (fingerprint "
                               f"{identity.short}) in ckpt.dir or under paths.outputs_root; started fresh")

@@ -214,10 +214,15 @@ class DriveModule(pl.LightningModule):
         from drivebench.ckpt.resume import check_model_fits
 
         trainer = self._trainer  # None when a checkpoint is loaded outside a fit (no optimizer to restore)
-        fitting = trainer is not None and self.optimizer_factory is not None
-        groups = [len(g["params"]) for g in self.parameter_groups()] if fitting else None
+        groups = self.optimizer_group_sizes() if trainer is not None else None
         source = str(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else "the checkpoint"
         check_model_fits(self.state_dict(), checkpoint, groups, source)
+
+    def optimizer_group_sizes(self) -> list[int] | None:
+        """Parameters per optimizer group, as a fit would build them (None: no optimizer configured)."""
+        if self.optimizer_factory is None:
+            return None
+        return [len(g["params"]) for g in self.parameter_groups()]
 
     # ---- optimisation ------------------------------------------------------------------------
     def parameter_groups(self) -> list[dict[str, Any]]:
