@@ -213,7 +213,8 @@ def test_segments_charged_by_their_cost_all_run_where_their_wall_time_would_spen
             clock.now += 20.0  # every segment takes 20 s of the run's own steps, at the same speed
             return Measurement(steps_measured=4, steps_wanted=4, step_s={"median": 1.0, "p10": 1.0, "p90": 1.0},
                                data_wait_fraction=0.0, cost_s=0.5 if request.reference_s else 0.0)
-        result, requests = _drive(search_steps(base, stages, 30.0, 0.05, clock=clock, where="run", charge=charge), measure)
+        steps = search_steps(base, stages, 30.0, 0.05, clock=clock, where="run", charge=charge)
+        result, requests = _drive(steps, measure)
         assert len(requests) == tried, charge
         assert result.stopped_by_budget is (charge == "wall")
     # the segments are told the incumbent's median to count their cost against (none for the base)

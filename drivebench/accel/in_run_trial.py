@@ -283,13 +283,14 @@ class InRunTrial(pl.Callback):
         records = [dataclasses.replace(r, warmup=i < self.warmup, profiled=False) for i, r in enumerate(segment.records)]
         stats = phase_stats(PhaseTimes("autotune", records=records))
         step = stats.get("step_s") or {}
+        cost = max(self._excess(segment, _better(step.get("median"), segment.request.reference_s)), 0.0)
         h2d = (stats.get("h2d_s") or {}).get("mean")
         return Measurement(
             steps_measured=int(stats.get("steps_measured", 0)), steps_wanted=self.steps, step_s=dict(step),
             data_wait_fraction=float(stats.get("data_wait_fraction", float("nan"))),
             h2d_fraction=(h2d / step["mean"]) if h2d is not None and step.get("mean") else float("nan"),
             samples_per_s=float((stats.get("samples_per_s_per_step") or {}).get("median", float("nan"))),
-            stopped_slower=slower, cost_s=max(self._excess(segment, _better(step.get("median"), segment.request.reference_s)), 0.0),
+            stopped_slower=slower, cost_s=cost,
             warmup_steps_s=[[round(r.step_s, 3), round(r.data_wait_s, 3)] for r in records if r.warmup])
 
     def _advance(self, measurement: Measurement, trainer: pl.Trainer, module: pl.LightningModule) -> None:

@@ -220,7 +220,8 @@ class TrainBench:
         identity = RunIdentity.of_config(OmegaConf.to_container(cfg, resolve=True), _world(run))
         plan = resolve_resume(cfg, checkpoint_io.store, identity)  # may adopt the checkpoint's run id
         if plan is not None and plan.checkpoint is not None:  # another model: refused before data preparation
-            check_model_fits(run.module.state_dict(), plan.checkpoint, run.module.optimizer_group_sizes(), str(plan.path))
+            module = run.module
+            check_model_fits(module.state_dict(), plan.checkpoint, module.optimizer_group_sizes(), str(plan.path))
             plan.checkpoint = None  # Lightning reads it again at the restore
         checkpoint_io.bind(identity)
         summary["run"]["run_id"] = identity.run_id
