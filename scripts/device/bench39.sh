@@ -23,7 +23,9 @@
 #      runs reach the target)
 #   l  MapTR nano convergence none with e's recipe, seed 2023 (the call after e when e's max runs reach the target)
 #   m  MapTR nano convergence none with e's recipe, seed 2024 (b39's e and l gave the figure: 4.24x; a second none
-#      seed for the rule "max's final inside none's seed spread")
+#      seed for the rule "max's final inside none's seed spread"). l's run took 559 s, close to a call's cap:
+#      m checkpoints every epoch outside the run folder and resumes, so if its cap cuts it, the same part on
+#      the machine kept warm continues it (LIMIT=590); the report joins the two processes on one clock
 #      (targets since 2026-12-04: SparseDrive planning L2 within 2x the constant-velocity plan's, GaussianFormer
 #      mIoU over the classes present; both provisional until these runs)
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
@@ -61,7 +63,9 @@ case "$PART" in
   j) conv_max gaussianformer $GFM ;;
   k) conv_none maptr val/mAP ;;
   l) run maptr_nano_conv_none_s2023 560 $NANO accel=none seed=2023; curve maptr_nano_conv_none_s2023 val/mAP ;;
-  m) run maptr_nano_conv_none_s2024 575 $NANO accel=none seed=2024; curve maptr_nano_conv_none_s2024 val/mAP ;;
+  m) run maptr_nano_conv_none_s2024 575 $NANO accel=none seed=2024 ckpt=local ckpt.dir=/tmp/ckpt-maptr-nano-s2024 \
+       ckpt.every_n_steps=48 resume=auto
+     curve maptr_nano_conv_none_s2024 val/mAP ;;
   *) log "unknown part $PART (a-m)"; exit 2 ;;
 esac
 report
