@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from drivebench.models.common.backbone import ResNetBackbone
+from drivebench.models.common.backbone import NormEval, ResNetBackbone
 
 CASES = [  # (label, depth, width_div)
     ("ResNet-18 (MapTR nano)", "resnet18", 1),
@@ -21,7 +21,7 @@ CASES = [  # (label, depth, width_div)
 ]
 
 
-def stage_std(depth: str, width_div: int, norm_eval: bool | str, image: torch.Tensor) -> list[float]:
+def stage_std(depth: str, width_div: int, norm_eval: NormEval, image: torch.Tensor) -> list[float]:
     torch.manual_seed(0)
     backbone = ResNetBackbone(depth, out_indices=(0, 1, 2, 3), frozen_stages=1, norm_eval=norm_eval,
                               width_div=width_div).train()

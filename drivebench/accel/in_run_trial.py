@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 from typing import Any, Callable, Generator, Sequence
 
 import lightning.pytorch as pl
@@ -182,13 +181,12 @@ class InRunTrial(pl.Callback):
     def __init__(self, timer: StepTimer, stages: Sequence[Stage], start: dict[str, Any], built: dict[str, Any],
                  record: dict[str, Any], *, margin: float, steps: int, warmup: int, budget_s: float,
                  units: dict[str, nn.Module], compile_setting: dict[str, Any], gated: dict[str, str] | None = None,
-                 on_chosen: Callable[[dict[str, Any]], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 on_chosen: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.timer, self.stages, self.start, self.record = timer, list(stages), dict(start), record
         self.current = {k: v for k, v in built.items() if k in LIVE_KNOBS}
         self.margin, self.steps, self.warmup, self.budget_s = float(margin), max(int(steps), 1), max(int(warmup), 0), budget_s
         self.units, self.compile_setting, self.gated = units, dict(compile_setting), dict(gated or {})
-        self.on_chosen, self.clock = on_chosen, clock
+        self.on_chosen = on_chosen
         self.phase = "waiting"  # -> segments -> judging | done
         self._search: Generator[Request, Measurement, SearchResult] | None = None
         self._segment: _Segment | None = None
@@ -207,8 +205,7 @@ class InRunTrial(pl.Callback):
             self._compiled[name] = unit._compiled_call_impl
             unit._compiled_call_impl = None
         self.phase = "segments"
-        self._search = search_steps(self.start, self.stages, self.budget_s, self.margin, clock=self.clock, where="run",
-                                    charge="cost")
+        self._search = search_steps(self.start, self.stages, self.budget_s, self.margin, where="run", charge="cost")
         self._begin(next(self._search), trainer, pl_module)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,

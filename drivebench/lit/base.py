@@ -209,17 +209,9 @@ class DriveModule(pl.LightningModule):
         if self.run_config is not None:
             checkpoint[CONFIG_KEY] = self.run_config
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """A checkpoint of another model stops the resume in one line (``check_model_fits``)."""
-        from drivebench.ckpt.resume import check_model_fits
-
-        trainer = self._trainer  # None when a checkpoint is loaded outside a fit (no optimizer to restore)
-        groups = self.optimizer_group_sizes() if trainer is not None else None
-        source = str(trainer.ckpt_path) if trainer is not None and trainer.ckpt_path else "the checkpoint"
-        check_model_fits(self.state_dict(), checkpoint, groups, source)
-
     def optimizer_group_sizes(self) -> list[int] | None:
-        """Parameters per optimizer group, as a fit would build them (None: no optimizer configured)."""
+        """Parameters per optimizer group, as a fit would build them (None: no optimizer configured); a resume
+        compares them with the checkpoint's before any work (``ckpt.resume.check_model_fits``)."""
         if self.optimizer_factory is None:
             return None
         return [len(g["params"]) for g in self.parameter_groups()]

@@ -202,7 +202,6 @@ class SparseDriveModule(DriveModule):
             self._train_stream = None
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
         self.net.reset_state()
 
     # ---- optimisation ------------------------------------------------------------------------
