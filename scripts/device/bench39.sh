@@ -30,6 +30,7 @@
 #      mIoU over the classes present; both provisional until these runs)
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
+SPREAD=${SPREAD:-1}  # SPREAD=0: a and b skip their second max run (a session short of device time)
 C=$QCNET_CONV QM=$QCNET_METRICS T=$TRAIN_ONLY
 # conv_none MODEL METRICS...: its convergence run at none, seed 2023, alone in the call; conv_max: max, two seeds, one cold cache
 conv_none() { run "$1_conv_none_s2023" 560 +experiment=convergence model="$1" accel=none seed=2023; curve "$1_conv_none_s2023" "${@:2}"; }
@@ -41,9 +42,9 @@ SDM="val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg" GFM="val/miou_present val/m
 NANO="+experiment=convergence model=maptr model.size=nano model.optimizer.lr=2e-3 model.module.backbone_lr_mult=1.0"
 case "$PART" in
   a) auto_then_max sparsedrive model=sparsedrive bench.steps=150
-     run sparsedrive_max2 150 model=sparsedrive bench.steps=150 $T accel=max ;;  # max against max: the spread
+     (( SPREAD )) && run sparsedrive_max2 150 model=sparsedrive bench.steps=150 $T accel=max ;;  # max against max: the spread
   b) auto_then_max gaussianformer model=gaussianformer bench.steps=150
-     run gaussianformer_max2 120 model=gaussianformer bench.steps=150 $T accel=max ;;
+     (( SPREAD )) && run gaussianformer_max2 120 model=gaussianformer bench.steps=150 $T accel=max ;;
   c) cold qcnet-notf32; run qcnet_fill_notf32 240 model=qcnet $T accel=max accel.tf32=false bench.steps=30
      for s in 2023 2024; do
        run qcnet_conv_max_notf32_s${s}_warm 160 $C accel=max accel.tf32=false seed=$s
