@@ -78,3 +78,30 @@ def test_the_terminal_summary_says_how_long_the_run_compiled_and_from_which_cach
     warm = {"settings": {"compile_report": {"compile_s": {"total": 38.0}, "fx_graph_cache": {"hits": 36, "misses": 6}}}}
     assert "38 s in this run, warm cache (36 of 42 graphs from it)" in render_table(warm)
     assert "compiling" not in render_table({"settings": {}})  # nothing compiled: no row
+    assert "recompile" not in render_table(warm)
+    warm["settings"]["compile_report"]["recompiles"] = {"count": 2, "frames": []}
+    assert "; 2 recompiles (why: summary.json settings.compile_report.recompiles)" in render_table(warm)
+
+
+def test_the_compile_report_counts_recompiles_and_says_why():
+    """A new batch size, a changed autocast and a new layout each compile the frame again; the report counts them
+    and names each reason once (dynamo lists a failure per cached graph it checked)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1))
+    net.compile(backend="eager")  # guards and recompiles are dynamo's: no Inductor needed
+    net(torch.randn(4, 8)).sum().backward()
+    assert compile_report()["recompiles"] == {"count": 0, "frames": []}
+    net(torch.randn(6, 8)).sum().backward()  # a new size: compiled again, now dynamic in it
+    net(torch.randn(7, 8)).sum().backward()  # served by the dynamic graph
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        net(torch.randn(7, 8)).sum().backward()
+    net(torch.randn(8, 7).t()).sum().backward()  # the same size, another stride
+    report = compile_report()["recompiles"]
+    assert report["count"] == 3 and len(report["frames"]) == 1
+    frame = report["frames"][0]
+    assert frame["recompiles"] == 3 and len(frame["reasons"]) == 3
+    assert "size mismatch" in frame["reasons"][0] and "autocast" in frame["reasons"][1]
+    assert "stride mismatch" in frame["reasons"][2]
+    torch._dynamo.reset()

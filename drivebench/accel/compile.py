@@ -88,8 +88,9 @@ def apply_compile(net: nn.Module, settings: AccelSettings) -> list[str]:
 
 
 def compile_report() -> dict[str, Any]:
-    """Graph count, graph breaks and their most common reasons, from dynamo's counters; and where the
-    compilation's time went, with the on-disk cache's hits (a warm cache is why a second run starts sooner)."""
+    """Graph count, graph breaks and their most common reasons, from dynamo's counters; the recompiles and
+    why; and where the compilation's time went, with the on-disk cache's hits (a warm cache is why a second
+    run starts sooner)."""
     try:
         from torch._dynamo.utils import counters
     except Exception:  # torch without dynamo
@@ -100,8 +101,32 @@ def compile_report() -> dict[str, Any]:
         "graph_breaks": int(sum(breaks.values())),
         "top_break_reasons": [f"{n}x {reason[:200]}" for reason, n in breaks.most_common(5)],
         "frames_failed": int(counters["frames"].get("failed", 0)) if "frames" in counters else 0,
+        "recompiles": recompile_report(),
         **compile_time_report(counters),
     }
+
+
+def recompile_report() -> dict[str, Any]:
+    """How often compiled frames were compiled again because their guards failed, and why (dynamo's
+    ``guard_failures``: a new input size, stride or dtype, a changed global such as autocast). A size change
+    also makes the frame's later graphs dynamic in that size (``automatic_dynamic_shapes``), and dynamic
+    graphs can run slower than the static ones of a run that never changed: this is where a compiled run
+    slower than another with the same settings shows why. ``count``: the recompiles of every frame (its
+    cached graphs but the first); ``frames``: the five most recompiled, each with its distinct reasons."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+        from torch._dynamo.utils import guard_failures
+    except Exception:  # a torch that keeps neither
+        return {}
+    frames = []
+    for code, failures in list(guard_failures.items()):
+        recompiles = max(len(_debug_get_cache_entry_list(code)) - 1, 0)
+        # each failure reads "<frame>/<compile>: <reason>"; one recompile lists a failure per cached graph
+        reasons = dict.fromkeys(str(f).strip().split(": ", 1)[-1].splitlines()[0][:200] for f in failures if str(f).strip())
+        frames.append({"frame": f"{code.co_name} ({Path(code.co_filename).name}:{code.co_firstlineno})",
+                       "recompiles": recompiles, "reasons": list(reasons)[:3]})
+    frames.sort(key=lambda frame: -frame["recompiles"])
+    return {"count": int(sum(frame["recompiles"] for frame in frames)), "frames": frames[:5]}
 
 
 # dynamo's timers (``torch._dynamo.utils.compilation_time_metrics``, seconds per call) that say where

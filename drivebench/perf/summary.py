@@ -221,8 +221,11 @@ def render_table(summary: dict[str, Any]) -> str:
     compiled = (summary.get("settings") or {}).get("compile_report") or {}
     if (compiled.get("compile_s") or {}).get("total"):
         counts, state = graphs_from_cache(compiled), compile_cache_state(compiled)
+        recompiles = (compiled.get("recompiles") or {}).get("count")
         rows.append(("compiling", f"{_fmt(compiled['compile_s']['total'], ' s')} in this run"
-                     + (f", {state} cache ({counts[0]} of {counts[1]} graphs from it)" if counts else "")))
+                     + (f", {state} cache ({counts[0]} of {counts[1]} graphs from it)" if counts else "")
+                     + (f"; {recompiles} recompile{'s' if recompiles > 1 else ''} (why: summary.json "
+                        "settings.compile_report.recompiles)" if recompiles else "")))
     rows += _profile_rows(summary.get("profile"))
     trial = summary.get("autotune") or {}
     if trial:
