@@ -26,6 +26,10 @@
 #      seed for the rule "max's final inside none's seed spread"). l's run took 559 s, close to a call's cap:
 #      m checkpoints every epoch outside the run folder and resumes, so if its cap cuts it, the same part on
 #      the machine kept warm continues it (LIMIT=590); the report joins the two processes on one clock
+#   n  m and c side by side in one call (each alone fills a call): m's none run is loader-bound on one core (data
+#      wait 95%, the GPU idle most of its step), c asks only whether TF32 changes QCNet's convergence (its metric,
+#      not its time). What m gives here is its final mAP (the spread rule); its wall time is not comparable with
+#      l's (another process shares the GPU and the cores) and is not used for the time-to-target ratio
 #      (targets since 2026-12-04: SparseDrive planning L2 within 2x the constant-velocity plan's, GaussianFormer
 #      mIoU over the classes present; both provisional until these runs)
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
@@ -67,7 +71,17 @@ case "$PART" in
   m) run maptr_nano_conv_none_s2024 575 $NANO accel=none seed=2024 ckpt=local ckpt.dir=/tmp/ckpt-maptr-nano-s2024 \
        ckpt.every_n_steps=48 resume=auto
      curve maptr_nano_conv_none_s2024 val/mAP ;;
-  *) log "unknown part $PART (a-m)"; exit 2 ;;
+  n) ( run maptr_nano_conv_none_s2024_beside_c 575 $NANO accel=none seed=2024 ckpt=local \
+         ckpt.dir=/tmp/ckpt-maptr-nano-s2024 ckpt.every_n_steps=48 resume=auto
+       curve maptr_nano_conv_none_s2024_beside_c val/mAP ) &
+     sleep 20  # m's start-up (data, model) before c's first compile takes the cores
+     cold qcnet-notf32; run qcnet_fill_notf32 240 model=qcnet $T accel=max accel.tf32=false bench.steps=30
+     for s in 2023 2024; do
+       run qcnet_conv_max_notf32_s${s}_warm 160 $C accel=max accel.tf32=false seed=$s
+       curve qcnet_conv_max_notf32_s${s}_warm $QM
+     done
+     wait ;;
+  *) log "unknown part $PART (a-n)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
