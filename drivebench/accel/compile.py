@@ -122,7 +122,8 @@ def recompile_report() -> dict[str, Any]:
     for code, failures in list(guard_failures.items()):
         recompiles = max(len(_debug_get_cache_entry_list(code)) - 1, 0)
         # each failure reads "<frame>/<compile>: <reason>"; one recompile lists a failure per cached graph
-        reasons = dict.fromkeys(str(f).strip().split(": ", 1)[-1].splitlines()[0][:200] for f in failures if str(f).strip())
+        texts = (str(failure).strip() for failure in failures)
+        reasons = dict.fromkeys(text.split(": ", 1)[-1].splitlines()[0][:200] for text in texts if text)
         frames.append({"frame": f"{code.co_name} ({Path(code.co_filename).name}:{code.co_firstlineno})",
                        "recompiles": recompiles, "reasons": list(reasons)[:3]})
     frames.sort(key=lambda frame: -frame["recompiles"])
