@@ -120,7 +120,10 @@ def recompile_report() -> dict[str, Any]:
         return {}
     frames = []
     for code, failures in list(guard_failures.items()):
-        recompiles = max(len(_debug_get_cache_entry_list(code)) - 1, 0)
+        try:
+            recompiles = max(len(_debug_get_cache_entry_list(code)) - 1, 0)
+        except (TypeError, RuntimeError, AttributeError):  # a key that is no code object: nothing to count
+            continue
         # each failure reads "<frame>/<compile>: <reason>"; one recompile lists a failure per cached graph
         texts = (str(failure).strip() for failure in failures)
         reasons = dict.fromkeys(text.split(": ", 1)[-1].splitlines()[0][:200] for text in texts if text)
