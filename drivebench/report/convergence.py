@@ -206,7 +206,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
     """One row per (machine, model, size, data, setting): final metric over seeds and time to target."""
     rows = convergence_rows(runs, scalars, target)
     columns = ["machine", "model", "model_size", "setting", "runs", "seeds", "finals", "final_mean", "final_min",
-               "final_max", "final_spread", "reached", "stopped_before_target", "reached_at_first_validation", "resumed",
+               "final_max", "final_spread", "reached", "runs_reached", "stopped_before_target", "reached_at_first_validation", "resumed",
                "to_target_wall_s_median", "to_target_steps_median", "compile_s_median", "compile_cache",
                "wall_s_vs_none", "same_as_none"]
     if rows.empty:
@@ -225,7 +225,8 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             "final_min": float(finals.min()) if len(finals) else math.nan,
             "final_max": float(finals.max()) if len(finals) else math.nan,
             "final_spread": _spread(finals),
-            "reached": f"{len(reached)}/{len(part)}",
+            "reached": f"{len(reached)}/{len(part)}",  # for reading; runs_reached for counting
+            "runs_reached": len(reached),
             # stopped by a signal without having met it: when (or whether) they would have is unknown
             "stopped_before_target": int(sum(is_stopped(r) and r[state] != "reached" for _, r in part.iterrows())),
             "reached_at_first_validation": int(sum(met_at_first_validation(r, target) for _, r in part.iterrows())),
@@ -256,7 +257,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
 def too_easy(table: pd.DataFrame) -> bool:
     """Whether every run of a convergence table that met its target met it at its first validation: then
     the time to target measures how soon a run first validates, not how soon it learns."""
-    reached = sum(int(str(r).split("/")[0]) for r in table["reached"]) if not table.empty else 0
+    reached = int(table["runs_reached"].sum()) if not table.empty else 0
     return reached > 0 and int(table["reached_at_first_validation"].sum()) == reached
 
 
