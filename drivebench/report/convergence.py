@@ -206,7 +206,8 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
     """One row per (machine, model, size, data, setting): final metric over seeds and time to target."""
     rows = convergence_rows(runs, scalars, target)
     columns = ["machine", "model", "model_size", "setting", "runs", "seeds", "finals", "final_mean", "final_min",
-               "final_max", "final_spread", "reached", "runs_reached", "stopped_before_target", "reached_at_first_validation", "resumed",
+               "final_max", "final_spread", "reached", "runs_reached", "stopped_before_target",
+               "reached_at_first_validation", "resumed",
                "to_target_wall_s_median", "to_target_steps_median", "compile_s_median", "compile_cache",
                "wall_s_vs_none", "same_as_none"]
     if rows.empty:
