@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from drivebench.accel.autotune import IN_RUN, OK, SKIPPED, Stage, Trial
+from drivebench.accel.autotune import FAILED, IN_RUN, OK, SKIPPED, Stage, Trial
 from drivebench.accel.in_run_trial import ALL_WARMUP, InRunTrial, RetuneBeforeRun, close_trial_memory, switch
 from drivebench.perf.callback import StepTimer
 
@@ -340,3 +340,72 @@ def test_the_terminal_summary_gives_the_trial_peak_beside_the_run_peak():
                "autotune": {"in_run_trial": {"segments": 5, "peak_device_gb": 54.0}}}
     assert "30 GiB (after the accel trial; its segments: 54 GiB)" in render_table(summary)
     assert "(after the accel trial" not in render_table({"memory": {"peak_device_gb": 30.0}})
+
+
+class _RaiseInBackward(torch.autograd.Function):
+    """Identity forward; its backward fails as an op without a kernel for the dtype would."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError('"deformable_col2im" not implemented for \'BFloat16\'')
+
+
+class FailsUnderAutocast(Tiny):
+    """Tiny, whose step fails under bf16 autocast, in its forward or its backward (GaussianFormer's deformable
+    convolution on a CPU: torchvision has no bf16 CPU kernel for it)."""
+
+    def __init__(self, where: str, fail_when_autocast: bool = True) -> None:
+        super().__init__()
+        self.where, self.fail_when_autocast = where, fail_when_autocast
+
+    def training_step(self, batch, batch_idx):
+        autocast = torch.is_autocast_enabled("cpu")
+        self.autocast.append(autocast)
+        out = self.net(batch[0]).float()
+        if autocast == self.fail_when_autocast:
+            if self.where == "forward":
+                raise RuntimeError('"deformable_im2col" not implemented for \'BFloat16\'')
+            out = _RaiseInBackward.apply(out)
+        return out.pow(2).mean()
+
+
+def _fit_module(tmp_path: Path, module: Tiny, max_steps: int):
+    timer = StepTimer("train", warmup_steps=2)
+    block = {"preset": "auto", "base": dict(BUILT), "margin": 0.05, "budget_s": 60.0, "cost_s": 0.0,
+             "stopped_by_budget": False, "not_allowed": [], "changed": {}, "trials": []}
+    trial = InRunTrial(timer, STAGES, dict(BUILT), dict(BUILT), block, margin=0.05, steps=4, warmup=1, budget_s=60.0,
+                       units={"net.0": module.net[0]}, compile_setting={"compile": True})
+    data = torch.utils.data.DataLoader(SlowRows(0.0), batch_size=4)
+    trainer = pl.Trainer(max_steps=max_steps, logger=False, callbacks=[timer, trial], enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                         default_root_dir=str(tmp_path))
+    trainer.fit(module, data)
+    return trainer, block
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_candidate_whose_step_fails_fails_its_row_and_the_run_goes_on_with_the_incumbent(tmp_path, where):
+    module = FailsUnderAutocast(where)
+    trainer, block = _fit_module(tmp_path, module, max_steps=16)
+    rows = [r for r in block["trials"] if r["where"] == "run"]
+    precision = next(r for r in rows if r["stage"] == "precision")
+    assert precision["status"] == FAILED and "not implemented for 'BFloat16'" in precision["reason"]
+    assert precision["reason"].startswith("RuntimeError: ")
+    assert not precision["chosen"] and block["eager_choice"]["precision"] == "32-true"
+    # the base segment (5 steps), one failed bf16 step, then fp32 again to the end of the run
+    assert module.autocast[:5] == [False] * 5 and module.autocast[5] is True
+    assert not any(module.autocast[6:]) and len(module.autocast) >= 16
+    assert trainer.global_step >= 15 and block["in_run_trial"]["segments"] == 2
+    # the guard is gone with the segments: the module's own methods again
+    assert "training_step" not in vars(module) and "backward" not in vars(module)
+    assert all(torch.isfinite(p).all() for p in module.parameters())
+
+
+def test_the_setting_the_run_starts_from_failing_is_the_runs_own_error(tmp_path):
+    """The base segment is no candidate: its failure ends the run, as it would without a trial."""
+    with pytest.raises(RuntimeError, match="deformable_im2col"):
+        _fit_module(tmp_path, FailsUnderAutocast("forward", fail_when_autocast=False), max_steps=8)

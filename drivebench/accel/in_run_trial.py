@@ -150,6 +150,56 @@ def _optimizer_state_like_params(trainer: pl.Trainer) -> None:
                     state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
+class CandidateGuard:
+    """A candidate's failing step costs its row, not the run: while installed, an exception in the module's
+    ``training_step`` or ``backward`` is recorded (``failure``) and the step trains nothing (``training_step``
+    returns None, which Lightning skips; after a failed ``backward`` the gradients are dropped, so the optimizer
+    step changes nothing). The trial then fails that row and goes back to the incumbent, as a short fit's failed
+    row does (the 2026-12-05 CPU case: GaussianFormer's deformable convolution has no bf16 CPU kernel, and the
+    precision segment ended the run). Only where ``may_fail()`` says the step runs a candidate; never under
+    DDP, where a rank that skips its backward would stall the others' gradient all-reduce."""
+
+    HOOKS = ("training_step", "backward")
+
+    def __init__(self, may_fail: Callable[[], bool]) -> None:
+        self.may_fail = may_fail
+        self.failure: str | None = None
+        self._module: pl.LightningModule | None = None
+
+    def install(self, module: pl.LightningModule) -> None:
+        self._module = module
+        step, backward = module.training_step, module.backward
+
+        def guarded_step(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return step(*args, **kwargs)
+            except Exception as err:
+                self._catch(err)
+                return None
+
+        def guarded_backward(*args: Any, **kwargs: Any) -> None:
+            try:
+                backward(*args, **kwargs)
+            except Exception as err:
+                self._catch(err)
+                for param in module.parameters():
+                    param.grad = None
+
+        module.training_step, module.backward = guarded_step, guarded_backward  # instance attributes: Lightning's
+        # hook calls look them up on the module
+
+    def remove(self) -> None:
+        module, self._module = self._module, None
+        for name in self.HOOKS:
+            if module is not None and name in vars(module):
+                delattr(module, name)  # the class's own methods again
+
+    def _catch(self, err: Exception) -> None:
+        if not self.may_fail():
+            raise err
+        self.failure = f"{type(err).__name__}: " + (str(err).strip().splitlines() or [""])[-1][:300]
+
+
 @dataclasses.dataclass
 class _Segment:
     request: Request
@@ -194,6 +244,7 @@ class InRunTrial(pl.Callback):
         self._compiled: dict[str, Any] = {}
         self._run_warmup = timer.warmup_steps
         self.judge: CompileJudge | None = None
+        self.guard = CandidateGuard(self._runs_candidate)
 
     # ---- Lightning hooks ---------------------------------------------------------------------
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -205,6 +256,8 @@ class InRunTrial(pl.Callback):
             self._compiled[name] = unit._compiled_call_impl
             unit._compiled_call_impl = None
         self.phase = "segments"
+        if trainer.world_size == 1:
+            self.guard.install(pl_module)
         self._search = search_steps(self.start, self.stages, self.budget_s, self.margin, where="run", charge="cost")
         self._begin(next(self._search), trainer, pl_module)
 
@@ -217,6 +270,11 @@ class InRunTrial(pl.Callback):
             return
         segment = self._segment
         segment.records.append(self.timer.times.records[-1])
+        if self.guard.failure is not None:  # the candidate's step failed: its row fails, the incumbent's setting next
+            failed = self._measure(segment, False)
+            failed.error, self.guard.failure = self.guard.failure, None
+            self._advance(failed, trainer, pl_module)
+            return
         measured = segment.records[self.warmup:]
         limit = segment.request.stop_above_s
         slower = (limit is not None and len(measured) >= SLOWER_AFTER
@@ -239,6 +297,11 @@ class InRunTrial(pl.Callback):
             self._finish(done.value, trainer, pl_module, training_over=True)
 
     # ---- the segments ------------------------------------------------------------------------
+    def _runs_candidate(self) -> bool:
+        """Whether the step now running belongs to a candidate's segment (not the base: the setting the run
+        starts from failing is the run's own error)."""
+        return self.phase == "segments" and self._segment is not None and self._segment is not self._segments[0]
+
     def _begin(self, request: Request, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self._apply(request.setting, trainer, module)
         self._segment = _Segment(request)
@@ -318,6 +381,7 @@ class InRunTrial(pl.Callback):
     def _finish(self, result: SearchResult, trainer: pl.Trainer, module: pl.LightningModule,
                 training_over: bool = False) -> None:
         self._search, self._segment = None, None
+        self.guard.remove()
         chosen = dict(result.chosen)
         self._apply(chosen, trainer, module)
         rows = result.trials

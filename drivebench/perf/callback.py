@@ -180,7 +180,7 @@ class StepTimer(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs  # {} for a skipped step (None returned)
         loss_host = None
         if isinstance(loss, torch.Tensor):
             # an asynchronous copy: its value is read once the step's end event has completed
