@@ -273,3 +273,20 @@ def test_deformable_conv_at_init_is_half_the_plain_conv():
     torch.testing.assert_close(dcn(x), 0.5 * conv(x), rtol=1e-5, atol=1e-5)
     dcn(x).sum().backward()
     assert dcn.offset_conv.weight.grad is not None and dcn.offset_conv.weight.grad.abs().sum() > 0
+
+
+def test_deformable_conv_under_cpu_bf16_autocast_runs_in_fp32_as_under_cuda_autocast():
+    """torchvision has no bf16 CPU kernel for deform_conv2d and no CPU autocast rule for it (its CUDA rule runs
+    fp32 and casts back): a bf16 input from the layer before now gets that rule on the CPU too."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(4, 6, 3, padding=1, bias=True)
+    dcn = ModulatedDeformConv2d(conv)
+    torch.nn.init.normal_(dcn.offset_conv.weight, std=0.1)  # offsets off the grid: the sampling is exercised
+    x = torch.randn(2, 4, 9, 11)
+    reference = dcn(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = dcn(x.bfloat16())  # what a bf16 conv before it hands over
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), reference, rtol=0.05, atol=0.05)
+    out.float().sum().backward()
+    assert dcn.weight.grad is not None and dcn.offset_conv.weight.grad.abs().sum() > 0

@@ -41,6 +41,14 @@ class ModulatedDeformConv2d(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.offset_conv(x)
         offset, mask = out[:, :2 * self.kernel_points], torch.sigmoid(out[:, 2 * self.kernel_points:])
+        if x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            # under CUDA autocast torchvision runs deform_conv2d in fp32 and casts the result back to the input's
+            # dtype; it has no such rule and no bf16 kernel on the CPU (the bf16 step failed there): the same
+            # fp32 island, so accel.precision=bf16-mixed works on a CPU as on a GPU
+            with torch.autocast("cpu", enabled=False):
+                bias = self.bias.float() if self.bias is not None else None
+                return deform_conv2d(x.float(), offset.float(), self.weight.float(), bias, self.stride, self.padding,
+                                     self.dilation, mask.float()).to(x.dtype)
         return deform_conv2d(x, offset, self.weight, self.bias, self.stride, self.padding, self.dilation, mask)
 
 
