@@ -72,7 +72,7 @@ case "$PART" in
        ckpt.every_n_steps=48 resume=auto
      curve maptr_nano_conv_none_s2024 val/mAP ;;
   n) ( run maptr_nano_conv_none_s2024_beside_c 575 $NANO accel=none seed=2024 ckpt=local \
-         ckpt.dir=/tmp/ckpt-maptr-nano-s2024 ckpt.every_n_steps=48 resume=auto
+         ckpt.dir=/tmp/ckpt-maptr-nano-s2024-n ckpt.every_n_steps=48 resume=auto
        curve maptr_nano_conv_none_s2024_beside_c val/mAP ) &
      sleep 20  # m's start-up (data, model) before c's first compile takes the cores
      cold qcnet-notf32; run qcnet_fill_notf32 240 model=qcnet $T accel=max accel.tf32=false bench.steps=30
