@@ -89,6 +89,7 @@ def test_the_compile_report_counts_recompiles_and_says_why():
     import torch._dynamo
 
     torch._dynamo.reset()
+    torch._dynamo.utils.compilation_time_metrics.clear()
     net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 1))
     net.compile(backend="eager")  # guards and recompiles are dynamo's: no Inductor needed
     net(torch.randn(4, 8)).sum().backward()
@@ -104,4 +105,5 @@ def test_the_compile_report_counts_recompiles_and_says_why():
     assert frame["recompiles"] == 3 and len(frame["reasons"]) == 3
     assert "size mismatch" in frame["reasons"][0] and "autocast" in frame["reasons"][1]
     assert "stride mismatch" in frame["reasons"][2]
+    assert len(compile_report()["compile_s"]["each_frame"]) == 4  # the first compilation and the three again
     torch._dynamo.reset()

@@ -149,7 +149,9 @@ def compile_time_report(counters: Any) -> dict[str, Any]:
         return {}
     seconds = {key: round(float(sum(timers.get(timer, ()))), 2) for key, timer in
                (("frames", _FRAME_TIMER), ("lazy_backward", _LAZY_BACKWARD_TIMER), ("inductor", _INDUCTOR_TIMER))}
-    report: dict[str, Any] = {"compile_s": {"total": round(seconds["frames"] + seconds["lazy_backward"], 2), **seconds}}
+    report: dict[str, Any] = {"compile_s": {"total": round(seconds["frames"] + seconds["lazy_backward"], 2), **seconds,
+                                            # each frame compilation in order, recompiles included: which one cost
+                                            "each_frame": [round(float(t), 2) for t in timers.get(_FRAME_TIMER, ())]}}
     inductor, aot = counters.get("inductor", {}), counters.get("aot_autograd", {})
     report["fx_graph_cache"] = {"hits": int(inductor.get("fxgraph_cache_hit", 0)),
                                 "misses": int(inductor.get("fxgraph_cache_miss", 0))}
