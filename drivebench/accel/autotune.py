@@ -263,6 +263,16 @@ class SearchResult:
         return {k: v for k, v in self.chosen.items() if base.get(k) != v}
 
 
+def error_text(err: BaseException) -> str:
+    """A failed candidate's row text (a short fit's or a segment's): ``Type: first line``, and the last line
+    when it says more (a loader worker's original error)."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    text = lines[0][:200] if lines else ""
+    if len(lines) > 1 and lines[-1] != lines[0]:
+        text += f" ... {lines[-1][:200]}"
+    return f"{type(err).__name__}: {text}".rstrip(": ")
+
+
 @dataclass(frozen=True)
 class Request:
     """What the search asks to be measured next: ``setting`` (accel overrides), with ``seconds_left`` of the

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from drivebench.accel.autotune import (CUT, IN_RUN, LOADER_BOUND, OK, SKIPPED, SLOWER_AFTER, Measurement, Request,
-                                       SearchResult, Stage, search_steps)
+                                       SearchResult, Stage, error_text, search_steps)
 from drivebench.accel.compile import to_channels_last
 from drivebench.accel.compile_judge import CompileJudge
 from drivebench.accel.settings import set_cudnn_benchmark, set_tf32
@@ -197,7 +197,7 @@ class CandidateGuard:
     def _catch(self, err: Exception) -> None:
         if not self.may_fail():
             raise err
-        self.failure = f"{type(err).__name__}: " + (str(err).strip().splitlines() or [""])[-1][:300]
+        self.failure = error_text(err)
 
 
 @dataclasses.dataclass

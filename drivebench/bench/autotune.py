@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from drivebench.accel.autotune import (IN_RUN, SKIPPED, SLOWER_AFTER, Capabilities, Measurement, SearchResult, Stage,
-                                       plan_stages, search)
+                                       error_text, plan_stages, search)
 from drivebench.accel.compile import compile_units
 from drivebench.accel.cuda_graphs import settle_cuda_graphs
 from drivebench.accel.gc_freeze import FreezeHeap
@@ -55,15 +55,6 @@ def with_accel(cfg: DictConfig, setting: dict[str, Any], auto_trial: bool | None
     """A copy of ``cfg`` with ``setting`` merged into ``accel`` (the same path a command-line override takes)."""
     extra = {} if auto_trial is None else {"auto_trial": auto_trial}
     return OmegaConf.merge(cfg, {"accel": {**setting, **extra}})
-
-
-def _error_text(err: BaseException) -> str:
-    """``Type: first line``, and the last line when it says more (a loader worker's original error)."""
-    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
-    text = lines[0][:200] if lines else ""
-    if len(lines) > 1 and lines[-1] != lines[0]:
-        text += f" ... {lines[-1][:200]}"
-    return f"{type(err).__name__}: {text}".rstrip(": ")
 
 
 class _StopWhenSlower(pl.Callback):
@@ -230,7 +221,7 @@ class AccelTrial:
             build_s = time.perf_counter() - build_started
             result = self._fit(run, seconds_left - (time.monotonic() - t0), stop_above_s)
         except Exception as err:  # a candidate that cannot run here: recorded, never chosen
-            result = Measurement(error=_error_text(err), steps_wanted=self.steps)
+            result = Measurement(error=error_text(err), steps_wanted=self.steps)
         finally:
             compiled = bool(run is not None and run.compiled_units)
             del run
