@@ -58,8 +58,9 @@ class SlowRows(torch.utils.data.Dataset):
 
 
 def _fit(tmp_path: Path, max_steps: int, sleep_s: float = 0.0, gated: dict | None = None, stages=STAGES,
-         compute_s: float = 0.0, margin: float = 0.05, budget_s: float = 60.0, autocast_factor: float = 1.0):
-    module = Tiny(compute_s, autocast_factor)
+         compute_s: float = 0.0, margin: float = 0.05, budget_s: float = 60.0, autocast_factor: float = 1.0,
+         module: Tiny | None = None):
+    module = module if module is not None else Tiny(compute_s, autocast_factor)
     units = {"net.0": module.net[0]}
     timer = StepTimer("train", warmup_steps=2)
     short_fit = Trial(stage="base", change="base", setting=dict(BUILT), step_s_median=0.01, cost_s=1.5, chosen=True)
@@ -373,24 +374,9 @@ class FailsUnderAutocast(Tiny):
         return out.pow(2).mean()
 
 
-def _fit_module(tmp_path: Path, module: Tiny, max_steps: int):
-    timer = StepTimer("train", warmup_steps=2)
-    block = {"preset": "auto", "base": dict(BUILT), "margin": 0.05, "budget_s": 60.0, "cost_s": 0.0,
-             "stopped_by_budget": False, "not_allowed": [], "changed": {}, "trials": []}
-    trial = InRunTrial(timer, STAGES, dict(BUILT), dict(BUILT), block, margin=0.05, steps=4, warmup=1, budget_s=60.0,
-                       units={"net.0": module.net[0]}, compile_setting={"compile": True})
-    data = torch.utils.data.DataLoader(SlowRows(0.0), batch_size=4)
-    trainer = pl.Trainer(max_steps=max_steps, logger=False, callbacks=[timer, trial], enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
-                         default_root_dir=str(tmp_path))
-    trainer.fit(module, data)
-    return trainer, block
-
-
 @pytest.mark.parametrize("where", ["forward", "backward"])
 def test_a_candidate_whose_step_fails_fails_its_row_and_the_run_goes_on_with_the_incumbent(tmp_path, where):
-    module = FailsUnderAutocast(where)
-    trainer, block = _fit_module(tmp_path, module, max_steps=16)
+    module, _, _, block, _ = _fit(tmp_path, max_steps=16, module=FailsUnderAutocast(where))
     rows = [r for r in block["trials"] if r["where"] == "run"]
     precision = next(r for r in rows if r["stage"] == "precision")
     assert precision["status"] == FAILED and "not implemented for 'BFloat16'" in precision["reason"]
@@ -399,7 +385,7 @@ def test_a_candidate_whose_step_fails_fails_its_row_and_the_run_goes_on_with_the
     # the base segment (5 steps), one failed bf16 step, then fp32 again to the end of the run
     assert module.autocast[:5] == [False] * 5 and module.autocast[5] is True
     assert not any(module.autocast[6:]) and len(module.autocast) >= 16
-    assert trainer.global_step >= 15 and block["in_run_trial"]["segments"] == 2
+    assert module.trainer.global_step >= 15 and block["in_run_trial"]["segments"] == 2
     # the guard is gone with the segments: the module's own methods again
     assert "training_step" not in vars(module) and "backward" not in vars(module)
     assert all(torch.isfinite(p).all() for p in module.parameters())
@@ -408,4 +394,4 @@ def test_a_candidate_whose_step_fails_fails_its_row_and_the_run_goes_on_with_the
 def test_the_setting_the_run_starts_from_failing_is_the_runs_own_error(tmp_path):
     """The base segment is no candidate: its failure ends the run, as it would without a trial."""
     with pytest.raises(RuntimeError, match="deformable_im2col"):
-        _fit_module(tmp_path, FailsUnderAutocast("forward", fail_when_autocast=False), max_steps=8)
+        _fit(tmp_path, max_steps=8, module=FailsUnderAutocast("forward", fail_when_autocast=False))
