@@ -44,16 +44,25 @@ conv_max() {
 }
 SDM="val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg" GFM="val/miou_present val/miou"
 NANO="+experiment=convergence model=maptr model.size=nano model.optimizer.lr=2e-3 model.module.backbone_lr_mult=1.0"
+# notf32: c's QCNet TF32 ablation (a training-only run fills an empty cache, then convergence max TF32 off, two seeds)
+notf32() {
+  cold qcnet-notf32; run qcnet_fill_notf32 240 model=qcnet $T accel=max accel.tf32=false bench.steps=30
+  for s in 2023 2024; do
+    run qcnet_conv_max_notf32_s${s}_warm 160 $C accel=max accel.tf32=false seed=$s
+    curve qcnet_conv_max_notf32_s${s}_warm $QM; facts qcnet_conv_max_notf32_s${s}_warm
+  done
+}
+# nano_none_s2024 NAME CKPT_DIR: m's run (nano none, seed 2024), checkpointed each epoch outside the run folder and resumed
+nano_none_s2024() {
+  run "$1" 575 $NANO accel=none seed=2024 ckpt=local ckpt.dir="$2" ckpt.every_n_steps=48 resume=auto
+  curve "$1" val/mAP
+}
 case "$PART" in
   a) auto_then_max sparsedrive model=sparsedrive bench.steps=150
      (( SPREAD )) && run sparsedrive_max2 150 model=sparsedrive bench.steps=150 $T accel=max ;;  # max against max: the spread
   b) auto_then_max gaussianformer model=gaussianformer bench.steps=150
      (( SPREAD )) && run gaussianformer_max2 120 model=gaussianformer bench.steps=150 $T accel=max ;;
-  c) cold qcnet-notf32; run qcnet_fill_notf32 240 model=qcnet $T accel=max accel.tf32=false bench.steps=30
-     for s in 2023 2024; do
-       run qcnet_conv_max_notf32_s${s}_warm 160 $C accel=max accel.tf32=false seed=$s
-       curve qcnet_conv_max_notf32_s${s}_warm $QM; facts qcnet_conv_max_notf32_s${s}_warm
-     done ;;
+  c) notf32 ;;
   d) auto_then_max maptr model=maptr ;;
   e) cold maptr-nano
      for s in 2023 2024; do run maptr_nano_conv_max_s$s 200 $NANO accel=max seed=$s; curve maptr_nano_conv_max_s$s val/mAP; done
@@ -68,18 +77,10 @@ case "$PART" in
   j) conv_max gaussianformer $GFM ;;
   k) conv_none maptr val/mAP ;;
   l) run maptr_nano_conv_none_s2023 560 $NANO accel=none seed=2023; curve maptr_nano_conv_none_s2023 val/mAP ;;
-  m) run maptr_nano_conv_none_s2024 575 $NANO accel=none seed=2024 ckpt=local ckpt.dir=/tmp/ckpt-maptr-nano-s2024 \
-       ckpt.every_n_steps=48 resume=auto
-     curve maptr_nano_conv_none_s2024 val/mAP ;;
-  n) ( run maptr_nano_conv_none_s2024_beside_c 575 $NANO accel=none seed=2024 ckpt=local \
-         ckpt.dir=/tmp/ckpt-maptr-nano-s2024-n ckpt.every_n_steps=48 resume=auto
-       curve maptr_nano_conv_none_s2024_beside_c val/mAP ) &
+  m) nano_none_s2024 maptr_nano_conv_none_s2024 /tmp/ckpt-maptr-nano-s2024 ;;
+  n) nano_none_s2024 maptr_nano_conv_none_s2024_beside_c /tmp/ckpt-maptr-nano-s2024-n &
      sleep 20  # m's start-up (data, model) before c's first compile takes the cores
-     cold qcnet-notf32; run qcnet_fill_notf32 240 model=qcnet $T accel=max accel.tf32=false bench.steps=30
-     for s in 2023 2024; do
-       run qcnet_conv_max_notf32_s${s}_warm 160 $C accel=max accel.tf32=false seed=$s
-       curve qcnet_conv_max_notf32_s${s}_warm $QM
-     done
+     notf32
      wait ;;
   *) log "unknown part $PART (a-n)"; exit 2 ;;
 esac
