@@ -30,7 +30,7 @@
 #      wait 95%, the GPU idle most of its step), c asks only whether TF32 changes QCNet's convergence (its metric,
 #      not its time). What m gives here is its final mAP (the spread rule); its wall time is not comparable with
 #      l's (another process shares the GPU and the cores) and is not used for the time-to-target ratio
-#      (targets since 2026-12-04: SparseDrive planning L2 within 2x the constant-velocity plan's, GaussianFormer
+#      (g-j: targets since 2026-12-04: SparseDrive planning L2 within 2x the constant-velocity plan's, GaussianFormer
 #      mIoU over the classes present; both provisional until these runs)
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
