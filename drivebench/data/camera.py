@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 PAPER_WIDTH = 1600  # nuScenes camera width that upstream recipes are written for
 
 
-def _maptr_sizes(options: dict[str, Any], source_width: int) -> dict[str, Any]:
+def _maptr_sizes(options: dict[str, Any], source_width: int, pipeline_fn: Callable[..., list]) -> dict[str, Any]:
     """MapTR scales the whole image: ``out_width`` (800 for tiny = 0.5 x 1600) -> the scale factor."""
     out = dict(options)
     if "out_width" in out:
@@ -45,14 +45,18 @@ def _maptr_sizes(options: dict[str, Any], source_width: int) -> dict[str, Any]:
     return out
 
 
-def _crop_sizes(options: dict[str, Any], source_width: int) -> dict[str, Any]:
-    """Resize ranges are written for 1600-px sources; rescale them for other source widths."""
+def _crop_sizes(options: dict[str, Any], source_width: int, pipeline_fn: Callable[..., list]) -> dict[str, Any]:
+    """A crop recipe's resize range is written for 1600-px sources and for the recipe's own output width
+    (SparseDrive 0.40-0.47 for 704 px, GaussianFormer 1.0 for 1600): rescale it for other source widths and
+    for other ``final_dim`` widths, so that the crop keeps the recipe's field of view. Scaled for the source
+    alone, a 176-px test output cropped a 176x64 patch from the bottom of a 704-px image while validation
+    (``train=False``: fit the output) saw the whole view."""
+    params = inspect.signature(pipeline_fn).parameters
+    recipe_final_dim = tuple(params["final_dim"].default)
     out = dict(options)
-    if "resize_lim" in out:
-        factor = PAPER_WIDTH / source_width
-        out["resize_lim"] = tuple(v * factor for v in out["resize_lim"])
-    if "final_dim" in out:
-        out["final_dim"] = tuple(out["final_dim"])
+    out["final_dim"] = tuple(out.get("final_dim", recipe_final_dim))
+    factor = PAPER_WIDTH / source_width * out["final_dim"][1] / recipe_final_dim[1]
+    out["resize_lim"] = tuple(v * factor for v in out.get("resize_lim", params["resize_lim"].default))
     return out
 
 
@@ -110,7 +114,7 @@ class CameraPipeline:
               progress: bool = True) -> list:
         pipeline_fn, _, needs_map, adapt = _RECIPES[self.recipe]
         source_width = int(records[0]["images"][CAMERAS[0]].get("width", PAPER_WIDTH))
-        kwargs: dict[str, Any] = adapt(self.options, source_width)
+        kwargs: dict[str, Any] = adapt(self.options, source_width, pipeline_fn)
         self._resolved = kwargs.copy()
         if "train" in inspect.signature(pipeline_fn).parameters:
             kwargs["train"] = train

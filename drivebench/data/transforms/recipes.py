@@ -127,19 +127,21 @@ def gaussianformer_pipeline(
     device_images: bool = False,
     device_decode: bool = False,
     final_dim: tuple[int, int] = (864, 1600),
+    resize_lim: tuple[float, float] = (1.0, 1.0),
     rand_flip: bool = True,
     train: bool = True,
     img_norm: dict = IMG_NORM,
     occ_grid: dict | None = None,
 ) -> list:
     """GaussianFormer (nuscenes_gs144000) train pipeline: decode, occupancy (dense 200x200x16),
-    crop to 1600x864 at full resolution with random flip, photometric and normalise at full size.
+    crop to 1600x864 at full resolution (``resize_lim`` 1.0 of a 1600-px source; CameraPipeline rescales it for
+    other source and output widths) with random flip, photometric and normalise at full size.
     ``occ_grid`` ({lower, shape, voxel}) coarsens the labels to a smaller model grid (test sizes)."""
     on_device = device_images or device_decode
     steps = [_load(image_cache, device_decode, to_float32=False), LoadOccupancy()]
     if occ_grid:
         steps.append(RegridOccupancy(tuple(occ_grid["lower"]), tuple(occ_grid["shape"]), float(occ_grid["voxel"])))
-    steps.append(ResizeCropFlipRotate(final_dim, (1.0, 1.0), (0.0, 0.0), (0.0, 0.0), rand_flip, train=train,
+    steps.append(ResizeCropFlipRotate(final_dim, resize_lim, (0.0, 0.0), (0.0, 0.0), rand_flip, train=train,
                                       warp_images=not device_decode))
     if on_device:
         steps.append(PhotoMetricDistortionMultiView(apply=False))
