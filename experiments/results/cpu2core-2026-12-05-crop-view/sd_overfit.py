@@ -1,6 +1,7 @@
 """Overfit SparseDrive (test size) on one real bench batch: can detection learn at all?"""
 import sys, time, torch, numpy as np
 from pathlib import Path
+from types import SimpleNamespace
 from hydra import compose, initialize_config_dir
 import drivebench
 from drivebench.app import build_run
@@ -13,11 +14,7 @@ with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
 run = build_run(cfg, Path("/tmp/probe-run"), progress=False)
 dm, module = run.datamodule, run.module
 dm.prepare_data(); dm.setup("fit")
-class T:  # the anchors' setup reads trainer.datamodule
-    datamodule = dm
-module._trainer = None
-module.__dict__["_probe_trainer"] = T
-type(module).trainer = property(lambda self: self.__dict__.get("_probe_trainer"))
+module.trainer = SimpleNamespace(datamodule=dm)  # the k-means anchors' setup reads trainer.datamodule
 module.setup("fit")
 batch = next(iter(dm.train_dataloader()))
 print("gt per sample", [len(b) for b in batch["gt_boxes_3d"]], "labels", [np.bincount(l.numpy(), minlength=10).tolist() for l in batch["gt_labels_3d"]][:1])
