@@ -445,6 +445,49 @@ def test_an_interrupted_run_keeps_the_trial_table_in_its_summary(tmp_path):
     assert 0.09 < written["autotune"]["cost_fraction_of_run"] < 0.11  # 12 s of a ~120 s run
 
 
+def test_a_completed_auto_run_records_and_is_advised_on_the_settings_the_trial_chose(tmp_path):
+    """The summary's settings, its checkpointing record and its bottleneck advice all follow the trial's choice:
+    an H100 run of 2026-12-05 (GaussianFormer) trained in bf16, compiled, checkpointing off, and its summary said
+    checkpointing was on and advised bf16 and compile."""
+    import time
+    from types import SimpleNamespace
+
+    from drivebench.accel.settings import AccelSettings
+    from drivebench.bench.runners import TrainBench, _adopt_live_knobs
+    from drivebench.perf.machine import GPUInfo, MachineInfo
+
+    machine = MachineInfo(hostname="h", cpu_model="x", cpu_cores=16, ram_gb=128, shm_gb=64, shm_free_gb=60,
+                          accelerator="cuda", gpus=[GPUInfo(0, "NVIDIA H100", 80.0, "9.0")], bf16_supported=True)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        accel_cfg = OmegaConf.to_container(compose(config_name="config", overrides=["accel=auto"]).accel, resolve=True)
+    accel = AccelSettings.resolve(accel_cfg, machine)
+    assert accel.precision == "32-true"  # where the trial starts without accel.auto_numerics
+    started_with = {"knob": "keep", "enabled": True, "reason": "model.net.activation_checkpointing (upstream's setting)"}
+    run = SimpleNamespace(accel=accel, activation_checkpointing=dict(started_with), fused_optimizer="off",
+                          compiled_units=[], module=SimpleNamespace(summary_settings=dict, graphed_loss=None),
+                          datamodule=SimpleNamespace(device_transform=None, transform=None), threads=None,
+                          started=time.time() - 200.0, cuda_graphs="off")
+    summary = {"run": {"bench": "train"}, "paths": {}, "machine": {"accelerator": "cuda", "cpu_cores": 16},
+               "settings": {"accel": accel.to_dict(), "activation_checkpointing": run.activation_checkpointing,
+                            "cuda_graphs": {"status": "off"}},
+               "train": {"steps_measured": 60, "wall_s": 24.0, "data_wait_fraction": 0.001,
+                         "loop_overhead_fraction": 0.12, "step_s": {"median": 0.39, "p10": 0.36, "p90": 0.43},
+                         "system": {"gpu_util_pct": {"median": 95.0}}}}
+    live = {"precision": "bf16-mixed", "tf32": True, "channels_last": True, "cudnn_benchmark": True,
+            "activation_checkpointing": "off", "cuda_graphs": "off"}
+    _adopt_live_knobs(run, live)  # what the trial's on_chosen does when its segments end
+    run.autotune = {"cost_s": 15.0, "eager_choice": dict(live), "chosen": {**live, "compile": True},
+                    "compile_in_run": {"judged": True, "kept": True, "judged_at_step": 110}, "in_run_trial": {"segments": 6}}
+    TrainBench()._complete(run, summary)
+    trained = summary["settings"]
+    assert trained["accel"]["precision"] == "bf16-mixed" and trained["accel"]["compile"] is True
+    assert trained["activation_checkpointing"]["enabled"] is False, trained["activation_checkpointing"]
+    assert "accel=auto" in trained["activation_checkpointing"]["reason"]
+    assert summary["bottleneck"]["verdict"] == "device compute"
+    assert "bf16" not in summary["bottleneck"]["next"] and "compile" not in summary["bottleneck"]["next"], summary["bottleneck"]
+    assert summary["run"]["status"] == "completed" and 0.05 < summary["autotune"]["cost_fraction_of_run"] < 0.1
+
+
 # ---- early stop of a far slower candidate; compile judged on the run's own steps ----------------------
 def test_a_far_slower_candidate_stops_early_and_is_not_cut_or_chosen():
     from drivebench.accel.autotune import SLOWER_STOP

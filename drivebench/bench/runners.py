@@ -195,13 +195,7 @@ class TrainBench:
             note = efficiency_note(summary)
             if note is not None:  # only above 100% (docs/summary.md)
                 summary["efficiency_note"] = note
-        summary["bottleneck"] = diagnose(summary)
-        summary["settings"].update(run.module.summary_settings())
-        if run.compiled_units:
-            summary["settings"]["compile_report"] = compile_report()
-        if run.module.graphed_loss is not None:
-            summary["settings"]["cuda_graphs"] = {"status": run.cuda_graphs, **run.module.cuda_graphs_report()}
-        self._finish(run, summary, "completed")
+        self._complete(run, summary)
         if run.p2p:
             summary["dist"] = {"p2p": run.p2p}
         if not getattr(self, "is_global_zero", True):
@@ -230,6 +224,18 @@ class TrainBench:
         summary["run"]["resume"] = plan.to_summary() if plan is not None else None
         return checkpoint_io, plan
 
+    def _complete(self, run: Run, summary: dict[str, Any]) -> None:
+        """A completed run's last settings, then its bottleneck verdict: after ``_finish``, so that the verdict's
+        advice reads what the run trained with (``accel=auto``'s choice), not what it started from (an H100 run of
+        2026-12-05 trained in bf16, compiled, and was advised to try both)."""
+        summary["settings"].update(run.module.summary_settings())
+        if run.compiled_units:
+            summary["settings"]["compile_report"] = compile_report()
+        if run.module.graphed_loss is not None:
+            summary["settings"]["cuda_graphs"] = {"status": run.cuda_graphs, **run.module.cuda_graphs_report()}
+        self._finish(run, summary, "completed")
+        summary["bottleneck"] = diagnose(summary)
+
     def _finish(self, run: Run, summary: dict[str, Any], status: str) -> None:
         summary["run"]["finished"] = dt.datetime.now().isoformat(timespec="seconds")
         summary["run"]["wall_s"] = time.time() - run.started
@@ -246,6 +252,7 @@ class TrainBench:
                 accel.update({k: v for k, v in run.autotune["chosen"].items() if k in accel})
                 summary["settings"]["numerics_changed_by"] = self._numerics_changes(run)
                 summary["settings"]["fused_optimizer"] = run.fused_optimizer
+                summary["settings"]["activation_checkpointing"] = run.activation_checkpointing  # _adopt_live_knobs'
 
     def _interrupted(self, run: Run, logger: Any, summary: dict[str, Any], signum: int) -> Interrupted:
         """The end of a run stopped by ``signum``: the summary (``status: interrupted``, the step reached, the
