@@ -26,7 +26,11 @@ _CONSTS: dict = {}
 
 def _const(values, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """Small constant tensors, copied to each device once (a host-to-device copy per call would
-    block the stream)."""
+    block the stream). Inside a compiled graph the tensor is the graph's own constant: the table's
+    lookup would make dynamo guard on the table's keys, and the graph that filled it missed its own
+    guard at the next call and compiled again (3.2 s of every GaussianFormer ``max`` run, H100)."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(values, dtype=dtype, device=device)
     key = (values, str(device), dtype)
     if key not in _CONSTS:
         _CONSTS[key] = torch.tensor(values, dtype=dtype, device=device)
