@@ -32,6 +32,12 @@
 #      wait 95%, the GPU idle most of its step), c asks only whether TF32 changes QCNet's convergence (its metric,
 #      not its time). What m gives here is its final mAP (the spread rule); its wall time is not comparable with
 #      l's (another process shares the GPU and the cores) and is not used for the time-to-target ratio
+#   o  GaussianFormer auto then max at the default bounded run (bench.steps=auto: 300 steps on a GPU), one empty
+#      cache: the issue's denominator for the trial's cost (b41 ran 150 steps: 7.0% cold, 12.3% warm), and auto
+#      since b41 (compile stays unless eager is faster by the margin; the device transform compiles once)
+#   p  MapTR nano max, seeds 2023 (again) and 2025 on one cold cache: b39's max seed 2023 ended at mAP 0.214,
+#      0.078 under none's two seeds (0.2916-0.298) where max seed 2024 ended inside them: the seed, or max?
+#   q  MapTR nano none seed 2025 (as m: ~500 s alone), the third none seed
 #      (g-j: targets since 2026-12-04: SparseDrive planning L2 within 2x the constant-velocity plan's, GaussianFormer
 #      mIoU over the classes present; both provisional until these runs)
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
@@ -89,7 +95,13 @@ case "$PART" in
      sleep 20  # m's start-up (data, model) before c's first compile takes the cores
      notf32
      wait ;;
-  *) log "unknown part $PART (a-n)"; exit 2 ;;
+  o) auto_then_max gaussianformer model=gaussianformer ;;
+  p) cold maptr-nano
+     for s in 2023 2025; do run maptr_nano_conv_max_s${s}_p 200 $NANO accel=max seed=$s; curve maptr_nano_conv_max_s${s}_p val/mAP; done ;;
+  q) run maptr_nano_conv_none_s2025 575 $NANO accel=none seed=2025 ckpt=local ckpt.dir=/tmp/ckpt-maptr-nano-s2025 \
+       ckpt.every_n_steps=48 resume=auto
+     curve maptr_nano_conv_none_s2025 val/mAP ;;
+  *) log "unknown part $PART (a-q)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
