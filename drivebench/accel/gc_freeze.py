@@ -6,33 +6,90 @@ on the MapTR benchmark that was a single 0.9 s step in a run of 0.12 s steps. ``
 moves everything alive into a permanent generation that collections skip, which the Python docs
 also recommend before forking workers (fewer copy-on-write page faults). Objects made later are
 collected as usual; ``on_train_end`` unfreezes so that later phases can free the heap again.
+
+The warm-up steps make a second long-lived heap: a compile's graphs and caches (at the first step,
+or under ``accel=auto`` after the trial), the trial's records. So the heap is frozen again at the
+end of the step timer's warm-up (the last step before the measured ones), and the full collections
+that still happen during training are counted (``gen2_collections``, ``gen2_s``): a GaussianFormer
+``accel=auto`` run on an H100 had one 1.1-s step among its ~0.39-s measured steps after compiling at
+step 91 (b41).
 """
 
 from __future__ import annotations
 
 import gc
 import time
+from typing import Any
 
 import lightning.pytorch as pl
 
+FULL = 2  # the generation of a full collection
+
 
 class FreezeHeap(pl.Callback):
-    """Collect once, then freeze, at train start; unfreeze at train end. Put it before the step
-    timer in the callback list so that the one collection is not counted as a training step."""
+    """Collect once, then freeze, at train start and again at the last warm-up step of ``timer``; unfreeze
+    at train end. Put it before the step timer in the callback list: the first collection then falls before
+    the first step, the second into the last warm-up step (both outside the measured steps).
 
-    def __init__(self) -> None:
+    Args:
+        timer: the phase's step timer (``drivebench.perf.callback.StepTimer``), read for its warm-up;
+            ``None``: frozen at train start only.
+    """
+
+    def __init__(self, timer: Any | None = None) -> None:
+        self.timer = timer
         self.frozen_objects = 0
         self.collect_s = 0.0
+        self.refrozen: list[dict[str, float | int]] = []  # each freeze after a warm-up: step, objects, seconds
+        self.gen2_collections = 0
+        self.gen2_s = 0.0
+        self.gen2_max_s = 0.0
+        self._gen2_started: float | None = None
+        self._training = False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.collect_s, self.frozen_objects = self._freeze()
+        self._training = True
+        if self._count_full not in gc.callbacks:
+            gc.callbacks.append(self._count_full)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if self.timer is None:
+            return
+        step = len(self.timer.times.records)  # this step's index: the timer records it after this callback
+        if step == self.timer.warmup_steps - 1 and not any(r["step"] == step for r in self.refrozen):
+            seconds, objects = self._freeze()
+            self.refrozen.append({"step": step, "objects": objects, "collect_s": seconds})
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._training = False
+        if self._count_full in gc.callbacks:
+            gc.callbacks.remove(self._count_full)
+        gc.unfreeze()
+
+    def summary(self) -> dict[str, Any]:
+        return {"frozen_objects": self.frozen_objects, "collect_s": self.collect_s, "refrozen": self.refrozen,
+                "gen2_collections": self.gen2_collections, "gen2_s": self.gen2_s, "gen2_max_s": self.gen2_max_s}
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _freeze(self) -> tuple[float, int]:
+        """One full collection (not counted as the run's), then everything alive frozen."""
+        training, self._training = self._training, False
         t0 = time.perf_counter()
         gc.collect()
         gc.freeze()
-        self.collect_s = time.perf_counter() - t0
-        self.frozen_objects = gc.get_freeze_count()
+        self._training = training
+        return time.perf_counter() - t0, gc.get_freeze_count()
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        gc.unfreeze()
-
-    def summary(self) -> dict[str, float | int]:
-        return {"frozen_objects": self.frozen_objects, "collect_s": self.collect_s}
+    def _count_full(self, phase: str, info: dict[str, Any]) -> None:
+        """``gc.callbacks`` hook: the full collections Python starts on its own during training."""
+        if info.get("generation") != FULL or not self._training:
+            return
+        if phase == "start":
+            self._gen2_started = time.perf_counter()
+        elif self._gen2_started is not None:
+            seconds = time.perf_counter() - self._gen2_started
+            self._gen2_started = None
+            self.gen2_collections += 1
+            self.gen2_s += seconds
+            self.gen2_max_s = max(self.gen2_max_s, seconds)

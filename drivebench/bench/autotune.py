@@ -141,7 +141,7 @@ class AccelTrial:
         wanted = self.warmup + self.steps
         timer = StepTimer("autotune", self.warmup, sync_each_step=False, log_every_n_steps=max(wanted, 1))
         slower = _StopWhenSlower(timer, stop_above_s)
-        callbacks: list[pl.Callback] = ([FreezeHeap()] if run.accel.gc_freeze else []) + [timer, slower]
+        callbacks: list[pl.Callback] = ([FreezeHeap(timer)] if run.accel.gc_freeze else []) + [timer, slower]
         trainer_cfg = self.cfg.trainer
         fit_started = time.perf_counter()
         trainer = pl.Trainer(

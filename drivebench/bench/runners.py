@@ -303,7 +303,7 @@ class TrainBench:
         profiler = ProfileSteps(self.profile, self.warmup_steps, run.output_dir) if self.profile else None
         timer = step_timer(run, "train", self.warmup_steps, monitor,
                            profiled_steps=profiler.occupied_steps if profiler else 0)
-        freeze = FreezeHeap() if run.accel.gc_freeze else None
+        freeze = FreezeHeap(timer) if run.accel.gc_freeze else None
         from drivebench.bench.autotune import in_run_judge  # the benches are imported by it
 
         # accel=auto: the live knobs timed on this run's own first steps, then compile kept or undone on them
@@ -417,7 +417,7 @@ class TrainBench:
         host_batch, chosen = representative_batch(loader, train_elements if train_elements == train_elements else None)
         ceiling = CeilingDataModule(host_batch, steps, run.datamodule.device_transform)
         timer = step_timer(run, "ceiling", self.ceiling_warmup_steps, monitor)
-        callbacks: list[pl.Callback] = ([FreezeHeap()] if run.accel.gc_freeze else []) + [timer]
+        callbacks: list[pl.Callback] = ([FreezeHeap(timer)] if run.accel.gc_freeze else []) + [timer]
         bars = [cb for cb in configured_callbacks(run) if isinstance(cb, StepProgressBar)]
         for bar in bars:
             bar.phase = CEILING
