@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
+
+if TYPE_CHECKING:
+    from drivebench.perf.callback import StepTimer
 
 FULL = 2  # the generation of a full collection
 
@@ -32,11 +35,10 @@ class FreezeHeap(pl.Callback):
     the first step, the second into the last warm-up step (both outside the measured steps).
 
     Args:
-        timer: the phase's step timer (``drivebench.perf.callback.StepTimer``), read for its warm-up;
-            ``None``: frozen at train start only.
+        timer: the phase's step timer, read for its warm-up; ``None``: frozen at train start only.
     """
 
-    def __init__(self, timer: Any | None = None) -> None:
+    def __init__(self, timer: StepTimer | None = None) -> None:
         self.timer = timer
         self.frozen_objects = 0
         self.collect_s = 0.0
