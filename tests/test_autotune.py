@@ -140,9 +140,9 @@ def test_compute_knobs_keep_max_values_unless_measurably_slower():
     145 ms without): a difference inside the margin keeps max's value; a measurable loss gives it up."""
     caps = Capabilities(**{**GPU_CAPS.__dict__, "convolutions": True})
     stages = {s.knob: s for s in plan_stages(caps, auto_numerics=True)[0]}
-    assert [stages[k].values[0] for k in ("cuda_graphs", "precision", "tf32", "channels_last", "cudnn_benchmark",
-                                          "fused_optimizer")] == ["on", "bf16-mixed", True, True, True, True]
-    for knob in ("tf32", "cudnn_benchmark"):
+    assert [stages[k].values[0] for k in ("cuda_graphs", "precision", "tf32", "channels_last",
+                                          "fused_optimizer")] == ["on", "bf16-mixed", True, True, True]
+    for knob in ("tf32", "channels_last"):
         measure, calls = _fixed({False: 0.1766, True: 0.1847}, knob=knob)   # 4.6% slower: inside 5%
         assert search({knob: False}, [stages[knob]], measure, 100, 0.05).chosen == {knob: True}
         assert [v for v, _ in calls] == [False, True]
@@ -250,6 +250,26 @@ def test_stages_follow_the_machine_the_model_and_auto_numerics():
     assert ckpt.values == ("keep", "off") and not ckpt.live  # not known to fit: short fits
     fits, _ = plan_stages(Capabilities(**{**GPU_CAPS.__dict__, "checkpointed": True, "checkpointing_live": ""}), False)
     assert next(s for s in fits if s.knob == "activation_checkpointing").live  # on the run's own steps
+
+
+def test_cudnn_autotuning_is_not_timed_and_auto_starts_with_maxs_value():
+    """PyTorch keeps the cuDNN plan a convolution first ran with, whatever the autotuning flag (its plan cache's key
+    has no such field), so a switch inside the process times nothing: b41's GaussianFormer trial chose it on
+    plans its base had picked by heuristics and its compiled run kept them. accel=auto starts where max does."""
+    from drivebench.accel.autotune import CUDNN_PLAN_CACHE
+    from drivebench.accel.settings import AccelSettings
+    from drivebench.perf.machine import GPUInfo, MachineInfo
+
+    planned, not_allowed = plan_stages(Capabilities(**{**GPU_CAPS.__dict__, "convolutions": True}), auto_numerics=True)
+    assert "cudnn_benchmark" not in [s.knob for s in planned]
+    assert {n["stage"]: n["reason"] for n in not_allowed}["cudnn_benchmark"] == CUDNN_PLAN_CACHE
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        accel_cfg = OmegaConf.to_container(compose(config_name="config", overrides=["accel=auto"]).accel, resolve=True)
+    for gpus, expected in ((1, True), (0, False)):
+        machine = MachineInfo(hostname="h", cpu_model="x", cpu_cores=16, ram_gb=128, shm_gb=64, shm_free_gb=60,
+                              accelerator="cuda" if gpus else "cpu",
+                              gpus=[GPUInfo(0, "NVIDIA H100", 80.0, "9.0")][:gpus], bf16_supported=bool(gpus))
+        assert AccelSettings.resolve(accel_cfg, machine).cudnn_benchmark is expected
 
 
 def test_checkpointing_is_live_only_where_dropping_it_fits_the_device():

@@ -151,6 +151,10 @@ def worker_counts(cap: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys(counts))
 
 
+CUDNN_PLAN_CACHE = ("cuDNN keeps the plan a convolution first ran with, whatever the flag: a switch inside one "
+                    "process cannot be timed; the run keeps accel.cudnn_benchmark (max's value on GPUs)")
+
+
 def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], list[dict[str, str]]]:
     """The stages this machine and model allow, in search order, and the others with the reason."""
     planned: list[Stage] = []
@@ -183,7 +187,11 @@ def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], l
     stage("tf32", (True, False), numerics or no_gpu, live=True)
     convs = "" if caps.convolutions else "the model has no convolutions"
     stage("channels_last", (True, False), no_gpu or convs, live=True)
-    stage("cudnn_benchmark", (True, False), no_gpu or convs, live=True)
+    # not timed: PyTorch keeps one cuDNN plan per convolution (shapes, strides, dtype, TF32, determinism, not the
+    # flag), chosen when a shape first runs, so switching autotuning in a running process changes nothing for the
+    # shapes already run (b41: GaussianFormer's trial timed it on plans its base had picked by heuristics, and
+    # its compiled run reused them, 3.5-5% slower per step than max). The run starts with max's value.
+    stage("cudnn_benchmark", (True, False), no_gpu or convs or CUDNN_PLAN_CACHE)
     stage("pin_memory", (True, False), no_gpu, bound_by=H2D_BOUND)
     stage("fused_optimizer", (True, False), no_gpu or caps.fused_optimizer, live=True)
     compile_why = ("inductor's CPU compile takes minutes (accel.compile auto = GPUs only)" if not caps.on_gpu

@@ -3,7 +3,7 @@
 Why: a candidate trained as a short fit of its own pays a build, a Trainer start, warm-up steps and a
 teardown before and after a few measured steps (MapTR on an H200: ~7.6 s a candidate, five of them 26% of
 a bounded run). The knobs that can change between two steps of one fit (CUDA graphs, precision, TF32,
-channels-last, cuDNN autotuning, the fused optimizer, activation checkpointing where dropping it is known to
+channels-last, the fused optimizer, activation checkpointing where dropping it is known to
 fit in memory) need none of that: each of their candidates is a *segment* of the run's own first steps,
 ``accel.auto_warmup_steps`` after the switch and ``accel.auto_steps`` measured, with the same greedy search
 and margin (``drivebench.accel.autotune.search_steps``, driven one step boundary at a time). Those steps
@@ -39,12 +39,12 @@ from drivebench.accel.autotune import (CUT, IN_RUN, LOADER_BOUND, OK, SKIPPED, S
                                        SearchResult, Stage, error_text, search_steps)
 from drivebench.accel.compile import to_channels_last
 from drivebench.accel.compile_judge import CompileJudge
-from drivebench.accel.settings import set_cudnn_benchmark, set_tf32
+from drivebench.accel.settings import set_tf32
 from drivebench.perf.callback import PhaseTimes, StepRecord, StepTimer
 from drivebench.perf.summary import phase_stats
 
 # what a captured graph bakes in (checkpointing: whether backward recomputes the backbone's forward)
-GRAPHED_KERNEL_KNOBS = ("activation_checkpointing", "precision", "tf32", "channels_last", "cudnn_benchmark")
+GRAPHED_KERNEL_KNOBS = ("activation_checkpointing", "precision", "tf32", "channels_last")
 SETTINGS_KNOBS = (*GRAPHED_KERNEL_KNOBS, "fused_optimizer")  # held as plain values in AccelSettings
 LIVE_KNOBS = ("cuda_graphs", *SETTINGS_KNOBS)
 ALL_WARMUP = 1 << 62  # the step timer's warm-up while the segments run: none of their steps is measured
@@ -87,8 +87,6 @@ def switch(knob: str, value: Any, trainer: pl.Trainer, module: pl.LightningModul
     """Set one live knob between two steps of a running fit."""
     if knob == "tf32":
         set_tf32(bool(value))
-    elif knob == "cudnn_benchmark":
-        set_cudnn_benchmark(bool(value))
     elif knob == "channels_last":
         to_channels_last(getattr(module, "net", module), on=bool(value))
         _optimizer_state_like_params(trainer)
