@@ -34,7 +34,8 @@
 #      l's (another process shares the GPU and the cores) and is not used for the time-to-target ratio
 #   o  GaussianFormer auto then max at the default bounded run (bench.steps=auto: 300 steps on a GPU), one empty
 #      cache: the issue's denominator for the trial's cost (b41 ran 150 steps: 7.0% cold, 12.3% warm), and auto
-#      since b41 (compile stays unless eager is faster by the margin; the device transform compiles once)
+#      since b41 (compile stays unless eager is faster by the margin; cuDNN autotuning on from the start and not
+#      timed; the device transform compiles once; summary.train.gc_freeze counts full collections)
 #   p  MapTR nano max, seeds 2023 (again) and 2025 on one cold cache: b39's max seed 2023 ended at mAP 0.214,
 #      0.078 under none's two seeds (0.2916-0.298) where max seed 2024 ended inside them: the seed, or max?
 #   q  MapTR nano none seed 2025 (as m: ~500 s alone), the third none seed
