@@ -191,7 +191,7 @@ def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], l
     # flag), chosen when a shape first runs, so switching autotuning in a running process changes nothing for the
     # shapes already run (b41: GaussianFormer's trial timed it on plans its base had picked by heuristics, and
     # its compiled run reused them, 3.5-5% slower per step than max). The run starts with max's value.
-    stage("cudnn_benchmark", (True, False), no_gpu or convs or CUDNN_PLAN_CACHE)
+    not_allowed.append({"stage": "cudnn_benchmark", "reason": no_gpu or convs or CUDNN_PLAN_CACHE})
     stage("pin_memory", (True, False), no_gpu, bound_by=H2D_BOUND)
     stage("fused_optimizer", (True, False), no_gpu or caps.fused_optimizer, live=True)
     compile_why = ("inductor's CPU compile takes minutes (accel.compile auto = GPUs only)" if not caps.on_gpu
