@@ -59,7 +59,7 @@ class FreezeHeap(pl.Callback):
         if self.timer is None:
             return
         step = len(self.timer.times.records)  # this step's index: the timer records it after this callback
-        if step == self.timer.warmup_steps - 1 and not any(r["step"] == step for r in self.refrozen):
+        if step == self.timer.warmup_steps - 1:  # each step ends once: one freeze per warm-up end
             seconds, objects = self._freeze()
             self.refrozen.append({"step": step, "objects": objects, "collect_s": seconds})
 
