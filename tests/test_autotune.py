@@ -252,24 +252,30 @@ def test_stages_follow_the_machine_the_model_and_auto_numerics():
     assert next(s for s in fits if s.knob == "activation_checkpointing").live  # on the run's own steps
 
 
+def _auto_accel(gpus: int):
+    """``accel=auto`` as configured, resolved on a 16-core machine with ``gpus`` H100s (0: CPU only)."""
+    from drivebench.accel.settings import AccelSettings
+    from drivebench.perf.machine import GPUInfo, MachineInfo
+
+    machine = MachineInfo(hostname="h", cpu_model="x", cpu_cores=16, ram_gb=128, shm_gb=64, shm_free_gb=60,
+                          accelerator="cuda" if gpus else "cpu",
+                          gpus=[GPUInfo(i, "NVIDIA H100", 80.0, "9.0") for i in range(gpus)], bf16_supported=bool(gpus))
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        accel_cfg = OmegaConf.to_container(compose(config_name="config", overrides=["accel=auto"]).accel, resolve=True)
+    return AccelSettings.resolve(accel_cfg, machine)
+
+
 def test_cudnn_autotuning_is_not_timed_and_auto_starts_with_maxs_value():
     """PyTorch keeps the cuDNN plan a convolution first ran with, whatever the autotuning flag (its plan cache's key
     has no such field), so a switch inside the process times nothing: b41's GaussianFormer trial chose it on
     plans its base had picked by heuristics and its compiled run kept them. accel=auto starts where max does."""
     from drivebench.accel.autotune import CUDNN_PLAN_CACHE
-    from drivebench.accel.settings import AccelSettings
-    from drivebench.perf.machine import GPUInfo, MachineInfo
 
     planned, not_allowed = plan_stages(Capabilities(**{**GPU_CAPS.__dict__, "convolutions": True}), auto_numerics=True)
     assert "cudnn_benchmark" not in [s.knob for s in planned]
     assert {n["stage"]: n["reason"] for n in not_allowed}["cudnn_benchmark"] == CUDNN_PLAN_CACHE
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        accel_cfg = OmegaConf.to_container(compose(config_name="config", overrides=["accel=auto"]).accel, resolve=True)
     for gpus, expected in ((1, True), (0, False)):
-        machine = MachineInfo(hostname="h", cpu_model="x", cpu_cores=16, ram_gb=128, shm_gb=64, shm_free_gb=60,
-                              accelerator="cuda" if gpus else "cpu",
-                              gpus=[GPUInfo(0, "NVIDIA H100", 80.0, "9.0")][:gpus], bf16_supported=bool(gpus))
-        assert AccelSettings.resolve(accel_cfg, machine).cudnn_benchmark is expected
+        assert _auto_accel(gpus).cudnn_benchmark is expected
 
 
 def test_checkpointing_is_live_only_where_dropping_it_fits_the_device():
@@ -472,15 +478,9 @@ def test_a_completed_auto_run_records_and_is_advised_on_the_settings_the_trial_c
     import time
     from types import SimpleNamespace
 
-    from drivebench.accel.settings import AccelSettings
     from drivebench.bench.runners import TrainBench, _adopt_live_knobs
-    from drivebench.perf.machine import GPUInfo, MachineInfo
 
-    machine = MachineInfo(hostname="h", cpu_model="x", cpu_cores=16, ram_gb=128, shm_gb=64, shm_free_gb=60,
-                          accelerator="cuda", gpus=[GPUInfo(0, "NVIDIA H100", 80.0, "9.0")], bf16_supported=True)
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        accel_cfg = OmegaConf.to_container(compose(config_name="config", overrides=["accel=auto"]).accel, resolve=True)
-    accel = AccelSettings.resolve(accel_cfg, machine)
+    accel = _auto_accel(1)
     assert accel.precision == "32-true"  # where the trial starts without accel.auto_numerics
     started_with = {"knob": "keep", "enabled": True, "reason": "model.net.activation_checkpointing (upstream's setting)"}
     run = SimpleNamespace(accel=accel, activation_checkpointing=dict(started_with), fused_optimizer="off",
