@@ -59,15 +59,15 @@ class SlowRows(torch.utils.data.Dataset):
 
 def _fit(tmp_path: Path, max_steps: int, sleep_s: float = 0.0, gated: dict | None = None, stages=STAGES,
          compute_s: float = 0.0, margin: float = 0.05, budget_s: float = 60.0, autocast_factor: float = 1.0,
-         module: Tiny | None = None):
+         module: Tiny | None = None, built: dict = BUILT):
     module = module if module is not None else Tiny(compute_s, autocast_factor)
     units = {"net.0": module.net[0]}
     timer = StepTimer("train", warmup_steps=2)
-    short_fit = Trial(stage="base", change="base", setting=dict(BUILT), step_s_median=0.01, cost_s=1.5, chosen=True)
-    block = {"preset": "auto", "base": dict(BUILT), "margin": margin, "budget_s": 60.0, "cost_s": 1.5,
+    short_fit = Trial(stage="base", change="base", setting=dict(built), step_s_median=0.01, cost_s=1.5, chosen=True)
+    block = {"preset": "auto", "base": dict(built), "margin": margin, "budget_s": 60.0, "cost_s": 1.5,
              "stopped_by_budget": False, "not_allowed": [], "changed": {}, "trials": [short_fit.to_dict()]}
     chosen_live: list[dict] = []
-    trial = InRunTrial(timer, stages, dict(BUILT), dict(BUILT), block, margin=margin, steps=4, warmup=1,
+    trial = InRunTrial(timer, stages, dict(built), dict(built), block, margin=margin, steps=4, warmup=1,
                        budget_s=budget_s, units=units, compile_setting={"compile": True}, gated=gated,
                        on_chosen=chosen_live.append)
     data = torch.utils.data.DataLoader(SlowRows(sleep_s), batch_size=4)
@@ -150,6 +150,77 @@ def test_a_first_segment_waiting_for_the_loader_stops_the_run_for_loader_trials(
 def test_a_loader_that_keeps_up_lets_the_run_go_on(tmp_path):
     _, _, trial, block, _ = _fit(tmp_path, max_steps=12, gated={"num_workers": "data_wait"}, compute_s=0.2)
     assert trial.phase in ("judging", "done") and block["in_run_trial"]["segments"] == 2
+
+
+# max's values on a GPU first, as plan_stages orders them; the run built as accel=auto's base (fp32, NCHW)
+GPU_KEY_STAGES = [Stage("precision", ("bf16-mixed", "32-true"), live=True), Stage("tf32", (True, False), live=True),
+                  Stage("channels_last", (True, False), live=True), Stage("compile", (False, True), in_run=True)]
+KEYS_BUILT = {**BUILT, "tf32": False, "channels_last": False}
+
+
+class RecordsAutotuning(Tiny):
+    """Records, at each training step, whether cuDNN would autotune a new convolution."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.autotuning: list[bool] = []
+
+    def training_step(self, batch, batch_idx):
+        self.autotuning.append(torch.backends.cudnn.benchmark)
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.fixture
+def cudnn_flags():
+    """accel.cudnn_benchmark on (max's value on a GPU), the global flags restored afterwards."""
+    saved = torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
+    torch.backends.cudnn.benchmark = True
+    yield
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = saved[:2]
+    torch.set_float32_matmul_precision(saved[2])
+
+
+def test_only_the_segment_with_the_runs_convolution_keys_autotunes(tmp_path, cudnn_flags):
+    """cuDNN autotunes each new convolution key (dtype, TF32, layout) at its first step and keeps that plan (b42:
+    ~15 s a key set for GaussianFormer on an H200, 13% of a bounded run over the trial's four sets). The base,
+    bf16 and TF32 segments run keys the run will not train with, if channels-last keeps max's value: heuristics;
+    the channels-last segment runs the run's keys: autotuned, as max's first step; the run after it autotunes."""
+    module = RecordsAutotuning(compute_s=0.02)
+    _, _, _, block, _ = _fit(tmp_path, max_steps=32, stages=GPU_KEY_STAGES, margin=1.0, module=module, built=KEYS_BUILT)
+    rows = [r for r in block["trials"] if r["where"] == "run"]
+    assert [r["stage"] for r in rows[:4]] == ["base", "precision", "tf32", "channels_last"]
+    assert all(  # max's values, within the wide margin
+        block["eager_choice"][k] == v for k, v in {"precision": "bf16-mixed", "tf32": True, "channels_last": True}.items())
+    assert module.autotuning[:20] == [False] * 15 + [True] * 5  # four 5-step segments
+    assert all(module.autotuning[20:]) and block["cudnn_autotuned"] is True
+
+
+def test_a_run_whose_keys_first_ran_without_autotuning_says_so(tmp_path, cudnn_flags):
+    """The last convolution-key stage keeps a value other than max's (bf16 steps 6x slower here): the keys the run
+    trains with first ran in the channels-last segment, which expected bf16 and so did not autotune."""
+    from drivebench.bench.autotune import render_trials
+
+    stages = [GPU_KEY_STAGES[1], GPU_KEY_STAGES[2], GPU_KEY_STAGES[0], GPU_KEY_STAGES[3]]  # precision last
+    module = RecordsAutotuning(compute_s=0.02, autocast_factor=6.0)
+    _, _, _, block, _ = _fit(tmp_path, max_steps=24, stages=stages, margin=1.0, module=module, built=KEYS_BUILT)
+    assert block["eager_choice"]["precision"] == "32-true"
+    assert module.autotuning[:20] == [False] * 15 + [True] * 5  # only the bf16 segment ran the keys max would
+    assert block["cudnn_autotuned"] is False and torch.backends.cudnn.benchmark  # the run's flag back on
+    assert "the run trains with cuDNN's heuristic plans" in render_trials(block)
+
+
+def test_which_segments_run_the_runs_convolution_keys():
+    from drivebench.accel.in_run_trial import runs_final_conv_keys
+
+    fp32 = {"precision": "32-true", "tf32": False, "channels_last": False}
+    assert not runs_final_conv_keys(fp32, "base", GPU_KEY_STAGES)
+    assert not runs_final_conv_keys({**fp32, "precision": "bf16-mixed"}, "precision", GPU_KEY_STAGES)
+    assert not runs_final_conv_keys({**fp32, "tf32": True}, "tf32", GPU_KEY_STAGES)  # channels-last still to come
+    assert runs_final_conv_keys({**fp32, "tf32": True, "channels_last": True}, "channels_last", GPU_KEY_STAGES)
+    assert runs_final_conv_keys({**fp32, "channels_last": False}, "channels_last", GPU_KEY_STAGES)  # decided there
+    # a start already at max's values (a short fit's choice, a user's bf16) autotunes from its first step
+    assert runs_final_conv_keys({"precision": "bf16-mixed", "tf32": True, "channels_last": True}, "base", GPU_KEY_STAGES)
+    assert runs_final_conv_keys(fp32, "base", [GPU_KEY_STAGES[3]])  # no convolution-key stage planned
 
 
 def test_switch_sets_each_live_knob(tmp_path):

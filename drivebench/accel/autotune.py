@@ -152,7 +152,8 @@ def worker_counts(cap: int) -> tuple[int, ...]:
 
 
 CUDNN_PLAN_CACHE = ("cuDNN keeps the plan a convolution first ran with, whatever the flag: a switch inside one "
-                    "process cannot be timed; the run keeps accel.cudnn_benchmark (max's value on GPUs)")
+                    "process cannot be timed; the run keeps accel.cudnn_benchmark (max's value on GPUs), autotuning "
+                    "in the trial only the segment whose convolutions run as the run's will")
 
 
 def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], list[dict[str, str]]]:
@@ -190,7 +191,8 @@ def plan_stages(caps: Capabilities, auto_numerics: bool) -> tuple[list[Stage], l
     # not timed: PyTorch keeps one cuDNN plan per convolution (shapes, strides, dtype, TF32, determinism, not the
     # flag), chosen when a shape first runs, so switching autotuning in a running process changes nothing for the
     # shapes already run (b41: GaussianFormer's trial timed it on plans its base had picked by heuristics, and
-    # its compiled run reused them, 3.5-5% slower per step than max). The run starts with max's value.
+    # its compiled run reused them, 3.5-5% slower per step than max). The run starts with max's value; the
+    # segments autotune only the key set the run trains with (drivebench.accel.in_run_trial.runs_final_conv_keys).
     not_allowed.append({"stage": "cudnn_benchmark", "reason": no_gpu or convs or CUDNN_PLAN_CACHE})
     stage("pin_memory", (True, False), no_gpu, bound_by=H2D_BOUND)
     stage("fused_optimizer", (True, False), no_gpu or caps.fused_optimizer, live=True)
@@ -285,12 +287,14 @@ def error_text(err: BaseException) -> str:
 class Request:
     """What the search asks to be measured next: ``setting`` (accel overrides), with ``seconds_left`` of the
     budget, stopped after ``SLOWER_AFTER`` measured steps once their median is over ``stop_above_s``;
-    ``reference_s`` is the incumbent's median (None for the base), what a segment's cost is counted against."""
+    ``reference_s`` is the incumbent's median (None for the base), what a segment's cost is counted against;
+    ``stage``, the knob whose candidate this is ("base" for the first)."""
 
     setting: dict[str, Any]
     seconds_left: float
     stop_above_s: float | None
     reference_s: float | None = None
+    stage: str = "base"
 
 
 def search(base: Mapping[str, Any], stages: Sequence[Stage],
@@ -350,7 +354,7 @@ def search_steps(base: Mapping[str, Any], stages: Sequence[Stage], budget_s: flo
             return trial
         reference = next((t.step_s_median for t in trials if t.chosen), None)  # the incumbent's
         stop_above = reference * (1.0 + SLOWER_STOP * margin) if reference else None
-        m = yield Request(dict(setting), max(remaining, 0.0), stop_above, reference)
+        m = yield Request(dict(setting), max(remaining, 0.0), stop_above, reference, stage)
         trial.cost_s = m.cost_s
         trial.cost_split = dict(m.cost_split) or None
         trial.warmup_steps_s = [list(pair) for pair in m.warmup_steps_s] or None

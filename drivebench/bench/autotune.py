@@ -429,6 +429,9 @@ def render_trials(block: dict[str, Any]) -> str:
         spent.append(f"  on the run's own steps: {live['segments']} segments, {live['steps']} steps in {live['wall_s']:.1f} s, "
                      f"{live['excess_s']:+.1f} s beyond the same steps at the choice (the cost of those rows)"
                      + (f"; their peak {live['peak_device_gb']:.1f} GiB" if live.get("peak_device_gb") else ""))
+    if block.get("cudnn_autotuned") is False:
+        spent.append("  cuDNN plans: the chosen setting's convolutions first ran in a segment that did not autotune "
+                     "(a stage kept a value other than max's): the run trains with cuDNN's heuristic plans")
     if block.get("retuned"):
         spent.append(f"  restarted: {block['retuned']['reason']} ({block['retuned']['lost_s']:.1f} s lost)")
     return "\n".join([rule, head, rule, *lines, *not_allowed, *spent, rule])
