@@ -10,7 +10,9 @@ collected as usual; ``on_train_end`` unfreezes so that later phases can free the
 The warm-up steps make a second long-lived heap: a compile's graphs and caches (at the first step,
 or under ``accel=auto`` after the trial), the trial's records. So the heap is frozen again at the
 end of the step timer's warm-up (the last step before the measured ones), and the full collections
-that still happen during training are counted (``gen2_collections``, ``gen2_s``): a GaussianFormer
+that still happen during training are counted (``gen2_collections``, ``gen2_s``; ``gen2_measured_*``, those
+after the last freeze: the measured steps'; b42's ``accel=auto`` runs had 16-18 full collections against
+``max``'s 4-5, most of them in the trial and the compile): a GaussianFormer
 ``accel=auto`` run on an H100 had one 1.1-s step among its ~0.39-s measured steps after compiling at
 step 91 (b41).
 """
@@ -47,6 +49,7 @@ class FreezeHeap(pl.Callback):
         self.gen2_s = 0.0
         self.gen2_max_s = 0.0
         self._gen2_started: float | None = None
+        self._gen2_at_refreeze = (0, 0.0)  # the counts when the heap was last frozen at a warm-up's end
         self._training = False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -62,6 +65,7 @@ class FreezeHeap(pl.Callback):
         if step == self.timer.warmup_steps - 1:  # each step ends once: one freeze per warm-up end
             seconds, objects = self._freeze()
             self.refrozen.append({"step": step, "objects": objects, "collect_s": seconds})
+            self._gen2_at_refreeze = (self.gen2_collections, self.gen2_s)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._training = False
@@ -70,8 +74,10 @@ class FreezeHeap(pl.Callback):
         gc.unfreeze()
 
     def summary(self) -> dict[str, Any]:
+        count, seconds = self._gen2_at_refreeze
         return {"frozen_objects": self.frozen_objects, "collect_s": self.collect_s, "refrozen": self.refrozen,
-                "gen2_collections": self.gen2_collections, "gen2_s": self.gen2_s, "gen2_max_s": self.gen2_max_s}
+                "gen2_collections": self.gen2_collections, "gen2_s": self.gen2_s, "gen2_max_s": self.gen2_max_s,
+                "gen2_measured_collections": self.gen2_collections - count, "gen2_measured_s": self.gen2_s - seconds}
 
     # ---- helpers -------------------------------------------------------------------------------
     def _freeze(self) -> tuple[float, int]:
