@@ -39,6 +39,10 @@
 #   p  MapTR nano max, seeds 2023 (again) and 2025 on one cold cache: b39's max seed 2023 ended at mAP 0.214,
 #      0.078 under none's two seeds (0.2916-0.298) where max seed 2024 ended inside them: the seed, or max?
 #   q  MapTR nano none seed 2025 (as m: ~500 s alone), the third none seed
+#   r  SparseDrive auto then max at the default bounded run (300 steps), one empty cache: b42's a ran 150 steps
+#      (trial 16.3% of it); with o (run again), the trial's cost since the segments autotune cuDNN only where
+#      their convolution keys are the run's (b42: 13.2% of GaussianFormer's default run, autotuning every segment);
+#      LIMIT=595 (auto ~310 s, max ~225 s on b42's figures)
 #      (g-j: targets since 2026-12-04: SparseDrive planning L2 within 2x the constant-velocity plan's, GaussianFormer
 #      mIoU over the classes present; both provisional until these runs)
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
@@ -102,7 +106,10 @@ case "$PART" in
   q) run maptr_nano_conv_none_s2025 575 $NANO accel=none seed=2025 ckpt=local ckpt.dir=/tmp/ckpt-maptr-nano-s2025 \
        ckpt.every_n_steps=48 resume=auto
      curve maptr_nano_conv_none_s2025 val/mAP ;;
-  *) log "unknown part $PART (a-q)"; exit 2 ;;
+  r) cold sparsedrive  # auto_then_max's caps (320 s, 240 s) are short for SparseDrive's 300 steps (~0.6 s each)
+     run sparsedrive_auto 345 model=sparsedrive $T accel=auto accel.auto_numerics=true; trials sparsedrive_auto
+     run sparsedrive_max 235 model=sparsedrive $T accel=max ;;
+  *) log "unknown part $PART (a-r)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
