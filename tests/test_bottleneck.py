@@ -249,6 +249,10 @@ def test_idle_gpu_with_a_busy_host_is_launch_overhead():
     assert B.diagnose(s)["next"].startswith("accel.cuda_graphs=on")
     s["settings"]["cuda_graphs"] = {"status": "off: the model does not pad its batches to static shapes"}
     assert "CUDA graphs are off: the model does not pad" in B.diagnose(s)["next"]
+    # a run that compiled is not told to compile (SparseDrive at max, H200, b42); one that did not, is
+    assert "accel.compile" not in B.diagnose(s)["next"]
+    s["settings"]["accel"]["compile"] = False
+    assert "accel.compile=true" in B.diagnose(s)["next"]
 
 
 def test_busy_gpu_is_device_compute():

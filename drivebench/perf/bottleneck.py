@@ -271,8 +271,8 @@ def _launch_next(x: _Inputs) -> str:
     if status == "off" and "cuda_graphs" in x.accel:
         return "accel.cuda_graphs=on (replay the step as CUDA graphs), then a larger model.batch_size"
     if status.startswith("off:"):  # auto turned them off: say why rather than suggest them
-        return (f"a larger model.batch_size (more work per launch), accel.compile=true; CUDA graphs are "
-                f"{status}")
+        compile_too = "" if x.accel.get("compile") else ", accel.compile=true"  # not to a run that compiled
+        return f"a larger model.batch_size (more work per launch){compile_too}; CUDA graphs are {status}"
     if not x.accel.get("compile"):
         return "accel.compile=true (fewer, fused kernels), then a larger model.batch_size (more work per launch)"
     return "a larger model.batch_size (more work per launch); CUDA graphs for the step (accel.cuda_graphs)"
