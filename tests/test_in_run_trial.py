@@ -159,13 +159,17 @@ KEYS_BUILT = {**BUILT, "tf32": False, "channels_last": False}
 
 
 class RecordsAutotuning(Tiny):
-    """Records, at each training step, whether cuDNN would autotune a new convolution."""
+    """Records, at each training step, whether cuDNN would autotune a new convolution; the first step of each
+    autotuning segment takes ``search_s`` longer, as cuDNN's search of its new keys would."""
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, search_s: float = 0.0, **kw) -> None:
         super().__init__(**kw)
+        self.search_s = search_s
         self.autotuning: list[bool] = []
 
     def training_step(self, batch, batch_idx):
+        if torch.backends.cudnn.benchmark and len(self.autotuning) % 5 == 0:  # a 5-step segment's first step
+            time.sleep(self.search_s)
         self.autotuning.append(torch.backends.cudnn.benchmark)
         return super().training_step(batch, batch_idx)
 
@@ -185,10 +189,12 @@ def test_only_the_segment_with_the_runs_convolution_keys_autotunes(tmp_path, cud
     ~15 s a key set for GaussianFormer on an H200, 13% of a bounded run over the trial's four sets). The base,
     bf16 and TF32 segments run keys the run will not train with, if channels-last keeps max's value: heuristics;
     the channels-last segment runs the run's keys: autotuned, as max's first step; the run after it autotunes."""
-    module = RecordsAutotuning(compute_s=0.02)
+    module = RecordsAutotuning(search_s=0.5, compute_s=0.02)
     _, _, _, block, _ = _fit(tmp_path, max_steps=32, stages=GPU_KEY_STAGES, margin=1.0, module=module, built=KEYS_BUILT)
     rows = [r for r in block["trials"] if r["where"] == "run"]
     assert [r["stage"] for r in rows[:4]] == ["base", "precision", "tf32", "channels_last"]
+    # that search is the one a run at the chosen setting (max) pays at its first step: not the trial's cost
+    assert rows[3]["warmup_steps_s"][0][0] >= 0.5 and abs(rows[3]["cost_s"]) < 0.25
     assert all(  # max's values, within the wide margin
         block["eager_choice"][k] == v for k, v in {"precision": "bf16-mixed", "tf32": True, "channels_last": True}.items())
     assert module.autotuning[:20] == [False] * 15 + [True] * 5  # four 5-step segments
@@ -201,10 +207,12 @@ def test_a_run_whose_keys_first_ran_without_autotuning_says_so(tmp_path, cudnn_f
     from drivebench.bench.autotune import render_trials
 
     stages = [GPU_KEY_STAGES[1], GPU_KEY_STAGES[2], GPU_KEY_STAGES[0], GPU_KEY_STAGES[3]]  # precision last
-    module = RecordsAutotuning(compute_s=0.02, autocast_factor=6.0)
+    module = RecordsAutotuning(search_s=0.5, compute_s=0.02, autocast_factor=6.0)
     _, _, _, block, _ = _fit(tmp_path, max_steps=24, stages=stages, margin=1.0, module=module, built=KEYS_BUILT)
     assert block["eager_choice"]["precision"] == "32-true"
     assert module.autotuning[:20] == [False] * 15 + [True] * 5  # only the bf16 segment ran the keys max would
+    bf16 = [r for r in block["trials"] if r["where"] == "run"][3]
+    assert bf16["stage"] == "precision" and bf16["cost_s"] >= bf16["warmup_steps_s"][0][0] - 0.1  # a search the run does not use: charged
     assert block["cudnn_autotuned"] is False and torch.backends.cudnn.benchmark  # the run's flag back on
     assert "the run trains with cuDNN's heuristic plans" in render_trials(block)
 

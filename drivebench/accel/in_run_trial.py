@@ -260,8 +260,9 @@ class InRunTrial(pl.Callback):
         self._segments: list[_Segment] = []
         self._compiled: dict[str, Any] = {}
         self._run_warmup = timer.warmup_steps
-        self._cudnn_benchmark = False  # the run's accel.cudnn_benchmark, read at train start
-        self._first_plans: dict[tuple[Any, ...], bool] = {}  # convolution key -> autotuned when it first ran
+        self._cudnn_benchmark = False  # the run's accel.cudnn_benchmark (with convolutions), read at train start
+        self._first_plans: dict[tuple[Any, ...], tuple[int, bool]] = {}  # convolution key -> its first segment, autotuned
+        self._searched_chosen_keys: _Segment | None = None  # the segment whose first step autotuned the chosen keys
         self.judge: CompileJudge | None = None
         self.guard = CandidateGuard(self._runs_candidate)
 
@@ -271,7 +272,8 @@ class InRunTrial(pl.Callback):
             return
         self._run_warmup = self.timer.warmup_steps
         self.timer.warmup_steps = ALL_WARMUP
-        self._cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
+        convolutions = (self.record.get("capabilities") or {}).get("convolutions", True)
+        self._cudnn_benchmark = bool(torch.backends.cudnn.benchmark) and bool(convolutions)
         for name, unit in self.units.items():  # eager during the segments; compile is judged after them
             self._compiled[name] = unit._compiled_call_impl
             unit._compiled_call_impl = None
@@ -327,7 +329,7 @@ class InRunTrial(pl.Callback):
         if self._cudnn_benchmark:
             autotune = runs_final_conv_keys(request.setting, request.stage, self.stages)
             set_cudnn_benchmark(autotune)
-            self._first_plans.setdefault(_conv_key(request.setting), autotune)
+            self._first_plans.setdefault(_conv_key(request.setting), (len(self._segments), autotune))
         self._segment = _Segment(request)
         self._segments.append(self._segment)
 
@@ -342,8 +344,11 @@ class InRunTrial(pl.Callback):
 
     def _charged(self, segment: _Segment) -> list[StepRecord]:
         """The segment's steps that count towards its cost: all but the run's very first step (process-wide
-        set-up that any run pays at its first step, trial or not)."""
-        return segment.records[1:] if segment is self._segments[0] else segment.records
+        set-up that any run pays at its first step, trial or not) and, once the search has chosen, the first
+        step of the segment that autotuned the chosen setting's convolutions (the search a run at that setting
+        pays at its first step: ``max``'s)."""
+        first_step_is_the_runs = segment is self._segments[0] or segment is self._searched_chosen_keys
+        return segment.records[1:] if first_step_is_the_runs else segment.records
 
     def _excess(self, segment: _Segment, reference: float | None) -> float:
         """What the segment's steps took beyond the same number at ``reference`` (its own median when None)."""
@@ -410,7 +415,9 @@ class InRunTrial(pl.Callback):
         self._apply(chosen, trainer, module)
         if self._cudnn_benchmark:  # new shapes from here on (validation, compiled graphs) autotune as in max
             set_cudnn_benchmark(True)
-            self.record["cudnn_autotuned"] = self._first_plans.get(_conv_key(chosen), True)
+            first, autotuned = self._first_plans.get(_conv_key(chosen), (0, True))
+            self.record["cudnn_autotuned"] = autotuned
+            self._searched_chosen_keys = self._segments[first] if autotuned and first < len(self._segments) else None
         rows = result.trials
         best = next((t for t in rows if t.chosen and t.status == OK), None)
         reference = best.step_s_median if best is not None else None
@@ -457,7 +464,8 @@ class InRunTrial(pl.Callback):
     def _price_segments(self, rows: Sequence[Any], reference: float | None) -> float:
         """Each timed row's cost: its segment's steps beyond the same number of steps at the chosen setting's
         median (negative when faster). The run's very first step is left out: process-wide set-up (loader
-        workers starting, cuDNN and cuBLAS handles) that any run pays at its first step, trial or not."""
+        workers starting, cuDNN and cuBLAS handles) that any run pays at its first step, trial or not; so is
+        the first step that autotuned the chosen setting's convolutions (``_charged``)."""
         timed = [t for t in rows if t.status in (OK, CUT) and t.where == "run"]  # one segment each, in order
         excess = 0.0
         for row, segment in zip(timed, self._segments):
