@@ -262,7 +262,7 @@ class InRunTrial(pl.Callback):
         self._run_warmup = timer.warmup_steps
         self._cudnn_benchmark = False  # the run's accel.cudnn_benchmark (with convolutions), read at train start
         self._first_plans: dict[tuple[Any, ...], tuple[int, bool]] = {}  # convolution key -> its first segment, autotuned
-        self._searched_chosen_keys: _Segment | None = None  # the segment whose first step autotuned the chosen keys
+        self._chosen_keys_segment: _Segment | None = None  # the segment whose first step autotuned the chosen keys
         self.judge: CompileJudge | None = None
         self.guard = CandidateGuard(self._runs_candidate)
 
@@ -347,7 +347,7 @@ class InRunTrial(pl.Callback):
         set-up that any run pays at its first step, trial or not) and, once the search has chosen, the first
         step of the segment that autotuned the chosen setting's convolutions (the search a run at that setting
         pays at its first step: ``max``'s)."""
-        first_step_is_the_runs = segment is self._segments[0] or segment is self._searched_chosen_keys
+        first_step_is_the_runs = segment is self._segments[0] or segment is self._chosen_keys_segment
         return segment.records[1:] if first_step_is_the_runs else segment.records
 
     def _excess(self, segment: _Segment, reference: float | None) -> float:
@@ -417,7 +417,7 @@ class InRunTrial(pl.Callback):
             set_cudnn_benchmark(True)
             first, autotuned = self._first_plans.get(_conv_key(chosen), (0, True))
             self.record["cudnn_autotuned"] = autotuned
-            self._searched_chosen_keys = self._segments[first] if autotuned and first < len(self._segments) else None
+            self._chosen_keys_segment = self._segments[first] if autotuned and first < len(self._segments) else None
         rows = result.trials
         best = next((t for t in rows if t.chosen and t.status == OK), None)
         reference = best.step_s_median if best is not None else None
