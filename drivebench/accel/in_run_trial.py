@@ -261,7 +261,7 @@ class InRunTrial(pl.Callback):
         self._compiled: dict[str, Any] = {}
         self._run_warmup = timer.warmup_steps
         self._cudnn_benchmark = False  # the run's accel.cudnn_benchmark (with convolutions), read at train start
-        self._first_plans: dict[tuple[Any, ...], tuple[int, bool]] = {}  # convolution key -> its first segment, autotuned
+        self._first_plans: dict[tuple[Any, ...], tuple[_Segment, bool]] = {}  # convolution key -> first segment, autotuned
         self._chosen_keys_segment: _Segment | None = None  # the segment whose first step autotuned the chosen keys
         self.judge: CompileJudge | None = None
         self.guard = CandidateGuard(self._runs_candidate)
@@ -326,12 +326,12 @@ class InRunTrial(pl.Callback):
 
     def _begin(self, request: Request, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self._apply(request.setting, trainer, module)
+        self._segment = _Segment(request)
+        self._segments.append(self._segment)
         if self._cudnn_benchmark:
             autotune = runs_final_conv_keys(request.setting, request.stage, self.stages)
             set_cudnn_benchmark(autotune)
-            self._first_plans.setdefault(_conv_key(request.setting), (len(self._segments), autotune))
-        self._segment = _Segment(request)
-        self._segments.append(self._segment)
+            self._first_plans.setdefault(_conv_key(request.setting), (self._segment, autotune))
 
     def _apply(self, setting: dict[str, Any], trainer: pl.Trainer, module: pl.LightningModule) -> None:
         changed = [k for k in LIVE_KNOBS if k in setting and self.current.get(k) != setting[k]]
@@ -415,9 +415,9 @@ class InRunTrial(pl.Callback):
         self._apply(chosen, trainer, module)
         if self._cudnn_benchmark:  # new shapes from here on (validation, compiled graphs) autotune as in max
             set_cudnn_benchmark(True)
-            first, autotuned = self._first_plans.get(_conv_key(chosen), (0, True))
+            first, autotuned = self._first_plans.get(_conv_key(chosen), (None, True))
             self.record["cudnn_autotuned"] = autotuned
-            self._chosen_keys_segment = self._segments[first] if autotuned and first < len(self._segments) else None
+            self._chosen_keys_segment = first if autotuned else None
         rows = result.trials
         best = next((t for t in rows if t.chosen and t.status == OK), None)
         reference = best.step_s_median if best is not None else None
