@@ -43,6 +43,9 @@
 #      (trial 16.3% of it); with o (run again), the trial's cost since the segments autotune cuDNN only where
 #      their convolution keys are the run's (b42: 13.2% of GaussianFormer's default run, autotuning every segment);
 #      LIMIT=595 (auto ~310 s, max ~225 s on b42's figures)
+#   s  QCNet convergence none, seed 2024, alone on the machine (~80 s per epoch, 5 epochs): the `none` runs alone
+#      on record are two (b38 seed 2023 crossed at epoch 3 in 239 s; b29's at epoch 4); `max`'s warm median of
+#      89.1 s is 2.68x the first and 3.45x the median of all four: a third alone says which the 3x stands on
 #      (g-j: targets since 2026-12-04: SparseDrive planning L2 within 2x the constant-velocity plan's, GaussianFormer
 #      mIoU over the classes present; both provisional until these runs)
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
@@ -109,7 +112,8 @@ case "$PART" in
   r) cold sparsedrive  # auto_then_max's caps (320 s, 240 s) are short for SparseDrive's 300 steps (~0.6 s each)
      run sparsedrive_auto 345 model=sparsedrive $T accel=auto accel.auto_numerics=true; trials sparsedrive_auto
      run sparsedrive_max 235 model=sparsedrive $T accel=max ;;
-  *) log "unknown part $PART (a-r)"; exit 2 ;;
+  s) run qcnet_conv_none_s2024_alone 570 $C accel=none seed=2024; curve qcnet_conv_none_s2024_alone $QM ;;
+  *) log "unknown part $PART (a-s)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
