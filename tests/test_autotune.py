@@ -350,10 +350,14 @@ def test_with_a_slow_loader_the_trial_picks_loader_workers(drivebench_cache, tmp
         split = row["cost_split"]
         assert list(split) == ["build", "start", "warmup", "steps", "end", "teardown"], split
         assert min(split.values()) >= 0 and sum(split.values()) == pytest.approx(row["cost_s"], abs=0.05)
-        assert split["steps"] == pytest.approx(row["step_s_median"] * row["steps_measured"], rel=0.5)
+        # the measured steps' wall time holds them all: at least half last the median or longer (one step stalled
+        # on a busy box lifts the sum far above median x steps, 5.1 s against 2.2 under a parallel test run)
+        assert split["steps"] >= 0.95 * row["step_s_median"] * math.ceil(row["steps_measured"] / 2), split
         assert len(row["warmup_steps_s"]) == block["warmup_steps"]
         assert sum(step for step, _ in row["warmup_steps_s"]) == pytest.approx(split["warmup"], abs=0.01)
         assert all(0 <= wait <= step for step, wait in row["warmup_steps_s"])
+    # the base loads in the main process: every measured step waits out the loader's 0.3 s per batch
+    assert rows[0]["cost_split"]["steps"] >= 0.3 * rows[0]["steps_measured"], rows[0]["cost_split"]
     assert rows[0]["cost_split"]["build"] == 0.0  # the base candidate was built with the run's data preparation
     assert block["cost_split"]["steps"] == pytest.approx(sum(r["cost_split"]["steps"] for r in rows if r["cost_split"]))
     assert "the candidates' cost: build" in printed[0]
