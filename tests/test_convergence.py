@@ -86,9 +86,17 @@ def test_convergence_table_final_metric_over_seeds_time_to_target_and_the_same_c
     assert table.loc["max", "to_target_wall_s_median"] == pytest.approx((90.0 + 93.0) / 2)
     assert table.loc["max", "to_target_steps_median"] == 750
     assert table.loc["max", "wall_s_vs_none"] == pytest.approx(277.5 / 91.5)
+    # over every pairing of a none run with a max run: the fastest none against the slowest max, and back
+    assert table.loc["max", "wall_s_vs_none_min"] == pytest.approx(270.0 / 93.0)
+    assert table.loc["max", "wall_s_vs_none_max"] == pytest.approx(285.0 / 90.0)
+    assert table.loc["none", "wall_s_vs_none_min"] == pytest.approx(270.0 / 285.0)
+    shown = convergence_display(table.reset_index()).set_index("setting")
+    assert shown.loc["max", "time to target, none / this [over pairs of runs]"] == "3.03x [2.9-3.17]"
     assert table.loc["max", "same_as_none"] == "yes"            # |5.15 - 5.2| <= 0.4
     assert table.loc["fast_but_worse", "same_as_none"] == "no"  # |7.05 - 5.2| > 0.4
     assert math.isnan(table.loc["fast_but_worse", "wall_s_vs_none"])
+    assert math.isnan(table.loc["fast_but_worse", "wall_s_vs_none_min"])
+    assert shown.loc["fast_but_worse", "time to target, none / this [over pairs of runs]"] == ""
 
 
 def test_convergence_table_says_how_much_of_the_time_to_target_was_compiling_and_from_which_cache():
