@@ -244,11 +244,13 @@ class RankWatch(threading.Thread):
                     return
                 continue
             self.failed = message
-            print(f"{message}; stopping the other ranks", file=sys.stderr, flush=True)
-            kill_ranks(self.procs)
-            time.sleep(self.grace_s)  # the main thread usually fails first, naming the rank itself
-            sys.stderr.flush()
-            os._exit(1)
+            try:
+                _say(f"{message}; stopping the other ranks")
+                kill_ranks(self.procs)
+                time.sleep(self.grace_s)  # the main thread usually fails first, naming the rank itself
+                _say(None)
+            finally:
+                os._exit(1)
 
 
 def _watch_rank_processes(child_processes: list[subprocess.Popen]) -> None:
@@ -372,10 +374,23 @@ class LauncherWatch(threading.Thread):
     def run(self) -> None:
         while not self.gone():
             time.sleep(self.poll_s)
-        time.sleep(self.grace_s)  # the main thread usually fails first and names rank 0 itself
-        print(f"drivebench: error: {launcher_gone_message(self.launcher_pid, self.local_rank)}", file=sys.stderr,
-              flush=True)
-        os._exit(1)
+        try:
+            time.sleep(self.grace_s)  # the main thread usually fails first and names rank 0 itself
+            _say(f"drivebench: error: {launcher_gone_message(self.launcher_pid, self.local_rank)}")
+        finally:
+            os._exit(1)  # whatever the message met: a rank left behind waits forever (on a loader, a collective)
+
+
+def _say(line: str | None) -> None:
+    """One line (or a flush) on stderr that cannot fail: a killed launcher took the reading end of the pipe
+    with it (EPIPE), and the watch threads must still end the process after it."""
+    try:
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
+        else:
+            sys.stderr.flush()
+    except (OSError, ValueError):  # broken pipe, or stderr closed
+        pass
 
 
 class DistJob:

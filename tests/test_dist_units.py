@@ -251,6 +251,21 @@ def test_rank_watch_names_the_dead_rank_and_ends_the_launcher(monkeypatch, capsy
     assert healthy.wait(timeout=10) < 0  # the other rank was killed
 
 
+def test_a_rank_whose_launcher_is_gone_exits_even_when_its_stderr_is_gone_too():
+    """A killed launcher (rank 0) takes the reading end of the ranks' stderr pipe with it: the watch's message
+    then fails with EPIPE, and before 2026-12-05 that ended the watch thread instead of the rank, which stayed
+    orphaned, waiting on its loader forever (a clean-clone CI run left one behind)."""
+    code = ("import time; from drivebench import dist\n"
+            "dist.LauncherWatch(launcher_pid=-1, local_rank=1, poll_s=0.01, grace_s=0.5).start()\n"
+            "time.sleep(120)\n")
+    rank = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    rank.stderr.close()  # the launcher and its end of the pipe are gone before the watch speaks
+    try:
+        assert rank.wait(timeout=90) == 1
+    finally:
+        rank.kill()
+
+
 def test_fault_injection_is_off_unless_asked():
     assert dist.ExitRankAtStep.from_env({}) is None
     fault = dist.ExitRankAtStep.from_env({"DRIVEBENCH_FAULT_EXIT_RANK": "1", "DRIVEBENCH_FAULT_HANG": "1"})

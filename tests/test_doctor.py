@@ -188,6 +188,15 @@ def test_known_bad_version_pairs(monkeypatch):
     assert result.status is Status.WARN and "numpy < 2" in result.saw
 
 
+@pytest.mark.parametrize("version, status", [((3, 9, 18), Status.FAIL), ((3, 10, 14), Status.WARN), ((3, 10, 15), Status.PASS),
+                                             ((3, 11, 7), Status.WARN), ((3, 11, 10), Status.PASS), ((3, 12, 0), Status.PASS)])
+def test_python_releases_that_can_deadlock_a_forked_loader_worker_are_warned(version, status):
+    result = versions.python_version(build_context([], skip_slow=True), version_info=version)
+    assert result.status is status, result.saw
+    if status is Status.WARN:
+        assert "gh-112275" in result.saw and "3.1" in result.remedy
+
+
 @pytest.mark.parametrize("env, fragment", [
     ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK=3 is not below WORLD_SIZE=2"),
     ({"LOCAL_RANK": "1"}, "missing"),

@@ -22,13 +22,26 @@ MIN_PYTHON = (3, 10)
 TORCHVISION_MINOR_OFFSET = 15  # torchvision 0.(m+15) pairs with torch 2.m (0.15 <-> 2.0 ... 0.29 <-> 2.14)
 
 
-def python_version(ctx: DoctorContext) -> CheckResult:
-    """Python interpreter version (drivebench needs 3.10 or newer)."""
-    version = ".".join(map(str, sys.version_info[:3]))
+# CPython gh-112275: a process forked while another thread holds the interpreter's thread-list lock deadlocks
+# in the child before running any code. Loader workers are forked beside Lightning's, tqdm's and drivebench's
+# threads, so a run can hang waiting for a batch (seen once in this project's CI, 3.11.7: a DDP rank's
+# validation loader). Fixed in the releases below (September 2024); 3.12 was never affected.
+FORK_DEADLOCK_FIXED = {(3, 10): (3, 10, 15), (3, 11): (3, 11, 10)}
+
+
+def python_version(ctx: DoctorContext, version_info: tuple[int, ...] | None = None) -> CheckResult:
+    """Python interpreter version (drivebench needs 3.10 or newer; 3.10 and 3.11 a release with the fork fix)."""
+    info = tuple(version_info or sys.version_info[:3])
+    version = ".".join(map(str, info[:3]))
     data = {"python": version, "executable": sys.executable}
-    if sys.version_info[:2] < MIN_PYTHON:
+    if info[:2] < MIN_PYTHON:
         return failed(f"Python {version} at {sys.executable}",
                       f"use Python >= {'.'.join(map(str, MIN_PYTHON))} (e.g. `python3.11 -m venv .venv`)", data)
+    fixed = FORK_DEADLOCK_FIXED.get(info[:2])
+    if fixed is not None and info[:3] < fixed:
+        return warned(f"Python {version} ({sys.executable}) can deadlock a forked loader worker (CPython gh-112275): "
+                      "a run then waits for its next batch forever",
+                      f"use Python >= {'.'.join(map(str, fixed))} or 3.12", data)
     return passed(f"Python {version} ({sys.executable})", data)
 
 
