@@ -24,8 +24,10 @@ TORCHVISION_MINOR_OFFSET = 15  # torchvision 0.(m+15) pairs with torch 2.m (0.15
 
 # CPython gh-112275: a process forked while another thread holds the interpreter's thread-list lock deadlocks
 # in the child before running any code. Loader workers are forked beside Lightning's, tqdm's and drivebench's
-# threads, so a run can hang waiting for a batch (seen once in this project's CI, 3.11.7: a DDP rank's
-# validation loader). Fixed in the releases below (September 2024); 3.12 was never affected.
+# threads, so a run can hang waiting for a batch (seen once in this project's CI, 3.11.7: a gloo DDP rank's
+# validation loader; gloo's threads create a thread state, taking that lock without the GIL, whenever they free
+# a finished collective's tensors, found with gdb on PyThreadState_New). Fixed in the releases below
+# (September 2024); 3.12 was never affected.
 FORK_DEADLOCK_FIXED = {(3, 10): (3, 10, 15), (3, 11): (3, 11, 10)}
 
 
