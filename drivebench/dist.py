@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from drivebench.errors import ConfigError
+from drivebench.exit_watchdog import stderr_line
 
 log = logging.getLogger(__name__)
 
@@ -245,10 +246,10 @@ class RankWatch(threading.Thread):
                 continue
             self.failed = message
             try:
-                _say(f"{message}; stopping the other ranks")
+                stderr_line(f"{message}; stopping the other ranks")
                 kill_ranks(self.procs)
                 time.sleep(self.grace_s)  # the main thread usually fails first, naming the rank itself
-                _say(None)
+                stderr_line(None)
             finally:
                 os._exit(1)
 
@@ -376,21 +377,9 @@ class LauncherWatch(threading.Thread):
             time.sleep(self.poll_s)
         try:
             time.sleep(self.grace_s)  # the main thread usually fails first and names rank 0 itself
-            _say(f"drivebench: error: {launcher_gone_message(self.launcher_pid, self.local_rank)}")
+            stderr_line(f"drivebench: error: {launcher_gone_message(self.launcher_pid, self.local_rank)}")
         finally:
             os._exit(1)  # whatever the message met: a rank left behind waits forever (on a loader, a collective)
-
-
-def _say(line: str | None) -> None:
-    """One line (or a flush) on stderr that cannot fail: a killed launcher took the reading end of the pipe
-    with it (EPIPE), and the watch threads must still end the process after it."""
-    try:
-        if line is not None:
-            print(line, file=sys.stderr, flush=True)
-        else:
-            sys.stderr.flush()
-    except (OSError, ValueError):  # broken pipe, or stderr closed
-        pass
 
 
 class DistJob:

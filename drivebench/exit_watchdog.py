@@ -24,19 +24,35 @@ def arm_exit_watchdog(seconds: float) -> None:
         return
 
     def fire() -> None:
-        sys.stderr.write(f"drivebench: the work is done and its results are written, but the process did not exit "
-                         f"within {seconds:g} s; stacks of all threads follow, then a forced exit "
-                         f"(status {HUNG_EXIT_CODE}). Set DRIVEBENCH_EXIT_TIMEOUT_S=0 to wait instead.\n")
-        sys.stderr.flush()
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        sys.stderr.flush()
-        os._exit(HUNG_EXIT_CODE)
+        try:
+            stderr_line(f"drivebench: the work is done and its results are written, but the process did not exit "
+                        f"within {seconds:g} s; stacks of all threads follow, then a forced exit "
+                        f"(status {HUNG_EXIT_CODE}). Set DRIVEBENCH_EXIT_TIMEOUT_S=0 to wait instead.")
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            stderr_line(None)
+        except (OSError, ValueError):  # no stderr to dump to: the exit matters more than the stacks
+            pass
+        finally:
+            os._exit(HUNG_EXIT_CODE)
 
     timer = threading.Timer(seconds, fire)
     timer.daemon = True  # never itself a reason to stay alive
     timer.start()
     # late in interpreter shutdown Python threads no longer run: the C-level fallback still fires
     faulthandler.dump_traceback_later(seconds + 15, exit=True)
+
+
+def stderr_line(line: str | None) -> None:
+    """One line (or, with None, a flush) on stderr that cannot raise. Why: a thread that ends its process
+    (this watchdog, the rank and launcher watches of drivebench.dist) must reach ``os._exit`` even when stderr's
+    reader is gone, as when a killed launcher took the pipe's only reading end with it (EPIPE)."""
+    try:
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
+        else:
+            sys.stderr.flush()
+    except (OSError, ValueError):  # broken pipe, or stderr closed
+        pass
 
 
 def exit_timeout_from_env(default: float = 60.0) -> float:
