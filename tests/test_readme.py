@@ -106,6 +106,14 @@ def test_a_readme_command_runs_on_the_cpu_at_its_defaults(command: str, tmp_path
         assert len(summaries) == len(jobs) >= 2, (sorted(p.name for p in jobs), summaries)
     for noise in NOT_ON_THE_CONSOLE:
         assert noise not in output, f"{noise!r} on the console of {command}"
+    if "dist=ddp" in args:  # gloo ranks: workers fork only where the interpreter cannot deadlock them
+        import json
+
+        from drivebench.start_method import has_fork_deadlock
+
+        summary = json.loads(summaries[0].read_text())
+        assert summary["settings"]["accel"]["num_workers"] > 0, "the README's DDP command no longer has loader workers"
+        assert summary["data"]["worker_start_method"] == ("forkserver" if has_fork_deadlock() else "fork")
     if "resume=auto" in command:  # nothing under paths.outputs_root (./outputs here) to resume: it says so
         import json
 

@@ -185,6 +185,7 @@ class TrainBench:
         finally:
             monitor.stop()
         summary["data"]["shm_cache"] = dm.cache_stats()
+        summary["data"]["worker_start_method"] = dm.worker_start_method
         skipped_val = _skip_counts(dm.val_set)
         if skipped_val is not None:
             summary["data"]["skipped_in_validation"] = skipped_val

@@ -29,6 +29,7 @@ from drivebench.data.sampling import EpochBatchSampler, RandomBatchSampler
 from drivebench.errors import ConfigError
 from drivebench.locks import exclusive_lock
 from drivebench.signals import leave_stop_signals_to_the_parent
+from drivebench.start_method import worker_context
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,7 @@ class DriveDataModule(DeviceTransferDataModule):
         self._streams: list[weakref.ref] = []  # EpochStreams handed out; their workers stop at teardown
         self.hand_over_streams = False  # accel=auto's trial: teardown leaves them running for the next candidate
         self._adopted: EpochStream | None = None
+        self.worker_start_method: str | None = None  # how the last loader built started its workers (summary data.)
 
     def prepare_data(self) -> None:
         # ranks started together (torchrun) must not generate the embedded set concurrently
@@ -255,8 +257,16 @@ class DriveDataModule(DeviceTransferDataModule):
             # its own generator: starting an iterator draws a worker base seed, which must not come
             # from the global RNG (a resumed run restores that state, then starts a new iterator)
             generator=torch.Generator().manual_seed(self.seed),
-            **self.accel.loader_kwargs(),
+            **self._loader_kwargs(),
         )
+
+    def _loader_kwargs(self) -> dict[str, Any]:
+        """accel's loader keywords, and the start method that is safe for workers forked now (start_method.py)."""
+        kwargs = self.accel.loader_kwargs()
+        if kwargs["num_workers"] > 0:
+            kwargs["multiprocessing_context"] = worker_context()
+            self.worker_start_method = kwargs["multiprocessing_context"].get_start_method()
+        return kwargs
 
     def _in_fit(self) -> bool:
         trainer = getattr(self, "trainer", None)
@@ -264,7 +274,7 @@ class DriveDataModule(DeviceTransferDataModule):
 
     def val_dataloader(self) -> DataLoader:
         assert self.val_set is not None, "setup() first"
-        kwargs = self.accel.loader_kwargs()
+        kwargs = self._loader_kwargs()
         # a benchmark validates once, after its fit (its own Trainer); a fit that validates every epoch (trainer=full)
         # would fork the workers again for each validation: there they persist as accel.persistent_workers says
         kwargs["persistent_workers"] = bool(kwargs.get("persistent_workers")) and self._in_fit()

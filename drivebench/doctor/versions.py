@@ -17,18 +17,10 @@ from drivebench.doctor.context import DoctorContext
 from drivebench.doctor.probe import error_text, installed_version, try_import, version_tuple
 from drivebench.doctor.result import Check, CheckResult, failed, informed, passed, warned
 from drivebench.hardware import nvml
+from drivebench.start_method import FORK_DEADLOCK_FIXED, has_fork_deadlock
 
 MIN_PYTHON = (3, 10)
 TORCHVISION_MINOR_OFFSET = 15  # torchvision 0.(m+15) pairs with torch 2.m (0.15 <-> 2.0 ... 0.29 <-> 2.14)
-
-
-# CPython gh-112275: a process forked while another thread holds the interpreter's thread-list lock deadlocks
-# in the child before running any code. Loader workers are forked beside Lightning's, tqdm's and drivebench's
-# threads, so a run can hang waiting for a batch (seen once in this project's CI, 3.11.7: a gloo DDP rank's
-# validation loader; gloo's threads create a thread state, taking that lock without the GIL, whenever they free
-# a finished collective's tensors, found with gdb on PyThreadState_New). Fixed in the releases below
-# (September 2024); 3.12 was never affected.
-FORK_DEADLOCK_FIXED = {(3, 10): (3, 10, 15), (3, 11): (3, 11, 10)}
 
 
 def python_version(ctx: DoctorContext, version_info: tuple[int, ...] | None = None) -> CheckResult:
@@ -39,11 +31,10 @@ def python_version(ctx: DoctorContext, version_info: tuple[int, ...] | None = No
     if info[:2] < MIN_PYTHON:
         return failed(f"Python {version} at {sys.executable}",
                       f"use Python >= {'.'.join(map(str, MIN_PYTHON))} (e.g. `python3.11 -m venv .venv`)", data)
-    fixed = FORK_DEADLOCK_FIXED.get(info[:2])
-    if fixed is not None and info[:3] < fixed:
-        return warned(f"Python {version} ({sys.executable}) can deadlock a forked loader worker (CPython gh-112275): "
-                      "a run then waits for its next batch forever",
-                      f"use Python >= {'.'.join(map(str, fixed))} or 3.12", data)
+    if has_fork_deadlock(info):
+        return warned(f"Python {version} ({sys.executable}) can deadlock a forked child process (CPython gh-112275): "
+                      "drivebench starts loader workers by forkserver in gloo DDP ranks, where it was seen",
+                      f"use Python >= {'.'.join(map(str, FORK_DEADLOCK_FIXED[info[:2]]))} or 3.12", data)
     return passed(f"Python {version} ({sys.executable})", data)
 
 
