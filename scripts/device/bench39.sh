@@ -15,7 +15,9 @@
 #   f  tiny as configured since 2026-12-05 (backbone BatchNorm trained from random init: b24's runs had frozen, identity
 #      BN, so the R50's C5 features had std ~38), 6 epochs, seeds 2023 and 2024 on one cold cache: does it reach
 #      the target now; then, if the cap allows, the backbone at the full learning rate (backbone_lr_mult=1.0)
-#   g  SparseDrive convergence none, seed 2023 (6 epochs, ~60 s each estimated: the first run of it)
+#   g  SparseDrive convergence none, seed 2023 (6 epochs, ~60-70 s each estimated: the first run of it). Since
+#      2026-12-05 SparseDrive's first target is the map's mAP >= 0.2, which h's max runs (b43) crossed at epoch 3 in
+#      both seeds (151 s cold, 85 s warm); detection and planning were not reached there
 #   h  SparseDrive convergence max, seeds 2023 and 2024 on one cold cache. Run h before g: on the CPU at test size
 #      detection reached mAP 0.001-0.003 in 768 steps (target 0.05 in 192; results/cpu2core-2026-12-05-crop-view),
 #      so h says first, at a third of g's cost, whether the target is within reach at all
@@ -59,7 +61,7 @@ conv_max() {
   cold "$1-conv"
   for s in 2023 2024; do run "$1_conv_max_s$s" 270 +experiment=convergence model="$1" ${RECIPE:-} accel=max seed=$s; curve "$1_conv_max_s$s" "${@:2}"; done
 }
-SDM="val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg" GFM="val/miou_present val/miou"
+SDM="val/map/mAP val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg" GFM="val/miou_present val/miou"
 # GaussianFormer's 2-epoch schedule learns at 5x upstream's lr: at test size on the CPU, lr 1e-3 gave miou_present
 # 9.96 / 15.7 after epochs 1 / 2 (seed 2023; 7.66 / 13.3 seed 2024), upstream's 2e-4 0.0 / 0.02
 # (results/cpu2core-2026-12-05-crop-view)
