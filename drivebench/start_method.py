@@ -22,6 +22,7 @@ import logging
 import multiprocessing
 import sys
 from multiprocessing.context import BaseContext
+from typing import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,14 @@ def worker_start_method(version_info: tuple[int, ...] | None = None) -> str:
     return "forkserver"
 
 
-def worker_context(version_info: tuple[int, ...] | None = None) -> BaseContext:
-    """The multiprocessing context for ``DataLoader(multiprocessing_context=...)`` (see the module's docstring)."""
-    return multiprocessing.get_context(worker_start_method(version_info))
+def worker_context(preload: Sequence[str] = (), version_info: tuple[int, ...] | None = None) -> BaseContext:
+    """The multiprocessing context for ``DataLoader(multiprocessing_context=...)`` (see the module's docstring).
+
+    ``preload``: modules the forkserver imports once, before it forks any worker (those of the dataset and
+    ``worker_init_fn``); without them every worker imports torch and drivebench itself (~1 s each on a 2-core
+    machine: a run started as ``python -m`` gives the server no main path to preload). Only the first call of a
+    process starts the server, so later lists are ignored."""
+    ctx = multiprocessing.get_context(worker_start_method(version_info))
+    if ctx.get_start_method() == "forkserver":
+        ctx.set_forkserver_preload(["torch", *preload])
+    return ctx

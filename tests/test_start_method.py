@@ -38,7 +38,7 @@ def test_workers_fork_unless_a_gloo_group_runs_on_a_python_with_the_fork_deadloc
 
 
 def _first_batches(cache: Path, tmp_path: Path, model: str, method: str, monkeypatch: pytest.MonkeyPatch) -> list:
-    monkeypatch.setattr(datamodule_module, "worker_context", lambda: multiprocessing.get_context(method))
+    monkeypatch.setattr(datamodule_module, "worker_context", lambda preload: multiprocessing.get_context(method))
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
             f"model={model}", "model.size=test", "data.size=mini", "accel=none", "accel.num_workers=1",

@@ -264,7 +264,8 @@ class DriveDataModule(DeviceTransferDataModule):
         """accel's loader keywords, and the start method that is safe for workers forked now (start_method.py)."""
         kwargs = self.accel.loader_kwargs()
         if kwargs["num_workers"] > 0:
-            kwargs["multiprocessing_context"] = worker_context()
+            datasets = {type(d).__module__ for d in (self.train_set, self.val_set) if d is not None}
+            kwargs["multiprocessing_context"] = worker_context(preload=[__name__, *sorted(datasets)])
             self.worker_start_method = kwargs["multiprocessing_context"].get_start_method()
         return kwargs
 
