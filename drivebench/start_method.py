@@ -13,7 +13,8 @@ forks each worker from its own process, where no such thread runs. Checked when 
 run that starts its process group later is covered.
 
 Pools (preprocessing, data generation, the shared-memory cache) keep ``fork``: their workers read module
-state they inherit (loaded devkits, the generation plan), and they start before training's collectives.
+state they inherit (loaded devkits, the generation plan), and they run while a run prepares its data, before its
+first Trainer starts the process group (bench/runners.py), so no gloo thread runs beside them.
 """
 
 from __future__ import annotations
