@@ -41,9 +41,10 @@ def _first_batches(cache: Path, tmp_path: Path, model: str, method: str, monkeyp
     monkeypatch.setattr(datamodule_module, "worker_context", lambda preload: multiprocessing.get_context(method))
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
-            f"model={model}", "model.size=test", "data.size=mini", "accel=none", "accel.num_workers=1",
+            f"model={model}", "model.size=test", "data.size=mini", "accel=max", "accel.num_workers=1",
             "ckpt=none", f"paths.cache={cache}", f"paths.output_dir={tmp_path / method}"])
     dm = build_run(cfg, tmp_path / method, progress=False).datamodule
+    assert dm.accel.shm_cache and dm.accel.precompute_targets  # the shared-memory caches travel to the workers too
     dm.prepare_data()
     dm.setup("fit")
     batches = []
@@ -53,6 +54,8 @@ def _first_batches(cache: Path, tmp_path: Path, model: str, method: str, monkeyp
             break
     val = next(iter(dm.val_dataloader()))
     assert dm.worker_start_method == method
+    stats = dm.cache_stats()  # the workers read the parent's shared-memory block, not a copy of their own
+    assert stats["enabled"] and stats["hits"] > 0 and stats["misses"] == 0, stats
     dm.teardown("fit")
     return [*batches, val]
 
