@@ -17,11 +17,14 @@
 #      the target now; then, if the cap allows, the backbone at the full learning rate (backbone_lr_mult=1.0)
 #   g  SparseDrive convergence none, seed 2023 (6 epochs, ~60-70 s each estimated: the first run of it). Since
 #      2026-12-05 SparseDrive's first target is the map's mAP >= 0.2, which h's max runs (b43) crossed at epoch 3 in
-#      both seeds (151 s cold, 85 s warm); detection and planning were not reached there
+#      both seeds (151 s cold, 85 s warm); detection and planning were not reached there. ~71 s per epoch at b21's
+#      2.71 samples/s plus validation: close to a call's cap, so it checkpoints each epoch (ckpt=async, outside the
+#      run folder) and, if the cap cuts it, the same part again on the warm machine continues it
 #   h  SparseDrive convergence max, seeds 2023 and 2024 on one cold cache. Run h before g: on the CPU at test size
 #      detection reached mAP 0.001-0.003 in 768 steps (target 0.05 in 192; results/cpu2core-2026-12-05-crop-view),
 #      so h says first, at a third of g's cost, whether the target is within reach at all
-#   i  GaussianFormer convergence none, seed 2023 (2 epochs, ~210 s each estimated), at lr 1e-3 (GF_LR below)
+#   i  GaussianFormer convergence none, seed 2023 (2 epochs, ~210 s each estimated), at lr 1e-3 (GF_LR below);
+#      checkpointed every half epoch and continued by running i again if its cap cuts it, as g
 #   j  GaussianFormer convergence max, seeds 2023 and 2024 on one cold cache, lr 1e-3; before i, as h before g
 #   k  MapTR convergence none, seed 2023 (tiny, 6 epochs, ~70 s each on b24's figures: the call after f when f's max
 #      runs reach the target)
@@ -57,6 +60,14 @@ C=$QCNET_CONV QM=$QCNET_METRICS T=$TRAIN_ONLY
 # conv_none MODEL METRICS...: its convergence run at none, seed 2023, alone in the call; conv_max: max, two seeds, one cold cache
 # (RECIPE: extra overrides of the model's convergence recipe, e.g. GaussianFormer's learning rate)
 conv_none() { run "$1_conv_none_s2023" 560 +experiment=convergence model="$1" ${RECIPE:-} accel=none seed=2023; curve "$1_conv_none_s2023" "${@:2}"; }
+# resumable_none MODEL EVERY METRICS...: as conv_none, with an asynchronous checkpoint every EVERY steps outside the run
+# folder, so that a run cut by its cap is continued by the same part again on the machine kept warm (resume=auto;
+# the report joins the two processes on one clock). For runs estimated close to a call's cap (g, i)
+resumable_none() {
+  run "$1_conv_none_s2023" 575 +experiment=convergence model="$1" ${RECIPE:-} accel=none seed=2023 ckpt=async \
+    ckpt.dir=/tmp/ckpt-$1-none-s2023 ckpt.every_n_steps="$2" resume=auto
+  curve "$1_conv_none_s2023" "${@:3}"
+}
 conv_max() {
   cold "$1-conv"
   for s in 2023 2024; do run "$1_conv_max_s$s" 270 +experiment=convergence model="$1" ${RECIPE:-} accel=max seed=$s; curve "$1_conv_max_s$s" "${@:2}"; done
@@ -94,9 +105,9 @@ case "$PART" in
      for s in 2023 2024; do run maptr_conv_max_s$s 200 +experiment=convergence model=maptr accel=max seed=$s; curve maptr_conv_max_s$s val/mAP; done
      run maptr_tiny_conv6_max_bb1 150 +experiment=convergence model=maptr accel=max seed=2023 model.module.backbone_lr_mult=1.0
      curve maptr_tiny_conv6_max_bb1 val/mAP ;;
-  g) conv_none sparsedrive $SDM ;;
+  g) resumable_none sparsedrive 32 $SDM ;;
   h) conv_max sparsedrive $SDM ;;
-  i) RECIPE=$GF_LR conv_none gaussianformer $GFM ;;
+  i) RECIPE=$GF_LR resumable_none gaussianformer 96 $GFM ;;
   j) RECIPE=$GF_LR conv_max gaussianformer $GFM ;;
   k) conv_none maptr val/mAP ;;
   l) run maptr_nano_conv_none_s2023 560 $NANO accel=none seed=2023; curve maptr_nano_conv_none_s2023 val/mAP ;;
