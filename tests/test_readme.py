@@ -15,12 +15,15 @@ default config of conf/model/mmdet3d.yaml. Lines that are not ``python -m driveb
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
 
 import pytest
 from conftest import REPO, run_cli
+
+from drivebench.start_method import has_fork_deadlock
 
 PREFIX = "python -m drivebench "
 TRAIN_BOUNDS = ["bench.warmup_steps=1", "bench.steps=2", "trainer.max_steps=3", "bench.val_batches=1",
@@ -107,16 +110,10 @@ def test_a_readme_command_runs_on_the_cpu_at_its_defaults(command: str, tmp_path
     for noise in NOT_ON_THE_CONSOLE:
         assert noise not in output, f"{noise!r} on the console of {command}"
     if "dist=ddp" in args:  # gloo ranks: workers fork only where the interpreter cannot deadlock them
-        import json
-
-        from drivebench.start_method import has_fork_deadlock
-
         summary = json.loads(summaries[0].read_text())
         assert summary["settings"]["accel"]["num_workers"] > 0, "the README's DDP command no longer has loader workers"
         assert summary["data"]["worker_start_method"] == ("forkserver" if has_fork_deadlock() else "fork")
     if "resume=auto" in command:  # nothing under paths.outputs_root (./outputs here) to resume: it says so
-        import json
-
         run = json.loads(summaries[0].read_text())["run"]
         assert run["resumed_from"] is None
         line = next(line for line in result.stdout.splitlines() if line.startswith("resumed from"))
