@@ -335,9 +335,10 @@ def test_with_a_slow_loader_the_trial_picks_loader_workers(drivebench_cache, tmp
     rows = block["trials"]
     base = rows[0]
     assert base["change"] == "base" and base["setting"]["num_workers"] == 0 and base["status"] == OK
-    # the loader bounds the base: its wait is well over the margin, so the worker stage is tried (a threshold of
-    # 0.3 failed at 0.294 on a slower 2-core box, where MapTR's own compute per step grew)
-    assert base["data_wait_fraction"] > 4 * block["margin"]
+    # the loader bounds the base: its wait is well over the margin, so the worker stage is tried (the trial tries it
+    # above 1x the margin; MapTR's own compute per step grows on a busy box: 0.294 on a slower 2-core box, 0.193 in a
+    # clean-clone CI run beside the other tests, so 4x the margin was a bound on the machine, not on the trial)
+    assert base["data_wait_fraction"] > 2 * block["margin"]
     assert trial.chosen["num_workers"] >= 1 and block["changed"]["num_workers"] == trial.chosen["num_workers"], render_trials(block)
     winner = next(r for r in rows if r["chosen"])
     assert winner["step_s_median"] < base["step_s_median"] / (1 + block["margin"])
