@@ -7,15 +7,11 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
-from hydra import compose, initialize_config_dir
-
-import drivebench
 from drivebench.app import build_run
+from drivebench.compose import compose
 
-CONF = Path(drivebench.__file__).parent / "conf"
-with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-    cfg = compose(config_name="config", overrides=["model=sparsedrive", "data.size=bench", "accel=none",
-                  "accel.num_workers=0", "ckpt=none", "paths.output_dir=/tmp/probe-run", *sys.argv[1:]])
+cfg = compose(["model=sparsedrive", "data.size=bench", "accel=none", "accel.num_workers=0", "ckpt=none",
+               "paths.output_dir=/tmp/probe-run", *(a for a in sys.argv[1:] if a != "val")])
 datamodule = build_run(cfg, Path("/tmp/probe-run"), progress=False).datamodule
 datamodule.prepare_data()
 datamodule.setup("fit")
