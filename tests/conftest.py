@@ -99,6 +99,30 @@ def run_cli(args: list[str], cache: Path, cwd: Path | None = None, timeout: floa
                           capture_output=True, text=True, timeout=timeout)
 
 
+def assert_same(a: object, b: object, where: str = "") -> None:
+    """Deep equality of nests of dicts, lists, tuples, tensors and arrays (dtype and shape included),
+    naming the first place that differs."""
+    import numpy as np
+    import torch
+
+    assert type(a) is type(b), where
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), where
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        np.testing.assert_array_equal(a, b, err_msg=where)
+    else:
+        assert a == b, where
+
+
 @pytest.hookimpl(optionalhook=True)  # xdist's hooks: pytest runs without it too (the GPU machine's scripts)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto``: one worker per core this process may run on (its affinity), not per core of the host

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import assert_same
 
 from drivebench.data.argoverse2.dataset import Argoverse2Dataset
 from drivebench.data.argoverse2.generate import generate_av2
@@ -19,20 +20,6 @@ REAL_SPLIT = Path(__file__).parent / "fixtures" / "av2-real" / "split"
 @pytest.fixture(scope="module")
 def mini_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return generate_av2(tmp_path_factory.mktemp("av2") / "mini", size="mini", seed=0, workers=0, progress=False)
-
-
-def assert_same(a: object, b: object, where: str = "") -> None:
-    """Deep equality of RawScenario-like nests of dicts, lists and arrays (dtype included)."""
-    assert type(a) is type(b), where
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_same(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape, where
-        np.testing.assert_array_equal(a, b, err_msg=where)
-    else:
-        assert a == b, where
 
 
 def test_dataset_lists_sorted_ids_and_returns_raw_scenarios(mini_root: Path, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import assert_same
 from hydra import compose, initialize_config_dir
 
 import drivebench.data.datamodule as datamodule_module
@@ -60,27 +61,9 @@ def _first_batches(cache: Path, tmp_path: Path, model: str, method: str, monkeyp
     return [*batches, val]
 
 
-def _assert_same(a, b, where: str = "batch") -> None:
-    assert type(a) is type(b), where
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            _assert_same(a[key], b[key], f"{where}[{key!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same(x, y, f"{where}[{i}]")
-    elif hasattr(a, "__array__"):
-        assert (a == b).all(), where
-    else:
-        assert a == b, where
-
-
 @pytest.mark.parametrize("model", ["qcnet", "maptr", "sparsedrive", "gaussianformer"])
 def test_forkserver_workers_give_the_batches_forked_workers_give(model: str, drivebench_cache: Path, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     forked = _first_batches(drivebench_cache, tmp_path, model, "fork", monkeypatch)
     served = _first_batches(drivebench_cache, tmp_path, model, "forkserver", monkeypatch)
-    _assert_same(forked, served)
+    assert_same(forked, served, "batches")
