@@ -71,14 +71,14 @@ def worker_start_method(version_info: tuple[int, ...] | None = None) -> str:
     return "forkserver"
 
 
-def worker_context(preload: Sequence[str] = (), version_info: tuple[int, ...] | None = None) -> BaseContext:
+def worker_context(preload: Sequence[str] = ()) -> BaseContext:
     """The multiprocessing context for ``DataLoader(multiprocessing_context=...)`` (see the module's docstring).
 
     ``preload``: modules the forkserver imports once, before it forks any worker (those of the dataset and
     ``worker_init_fn``); without them every worker imports torch and drivebench itself (~1 s each on a 2-core
     machine: a run started as ``python -m`` gives the server no main path to preload). Only the first call of a
     process starts the server, so later lists are ignored."""
-    ctx = multiprocessing.get_context(worker_start_method(version_info))
+    ctx = multiprocessing.get_context(worker_start_method())
     if ctx.get_start_method() == "forkserver":
         ctx.set_forkserver_preload(["torch", *preload])
     return ctx
