@@ -60,17 +60,14 @@ C=$QCNET_CONV QM=$QCNET_METRICS T=$TRAIN_ONLY
 # conv_none MODEL METRICS...: its convergence run at none, seed 2023, alone in the call; conv_max: max, two seeds, one cold cache
 # (RECIPE: extra overrides of the model's convergence recipe, e.g. GaussianFormer's learning rate)
 conv_none() { run "$1_conv_none_s2023" 560 +experiment=convergence model="$1" ${RECIPE:-} accel=none seed=2023; curve "$1_conv_none_s2023" "${@:2}"; }
-# resumable_none MODEL EVERY METRICS...: as conv_none, with an asynchronous checkpoint every EVERY steps outside the run
-# folder, so that a run cut by its cap is continued by the same part again on the machine kept warm (resume=auto;
-# the report joins the two processes on one clock). For runs estimated close to a call's cap (g, i)
-resumable_none() {
-  run "$1_conv_none_s2023" 575 +experiment=convergence model="$1" ${RECIPE:-} accel=none seed=2023 ckpt=async \
-    ckpt.dir=/tmp/ckpt-$1-none-s2023 ckpt.every_n_steps="$2" resume=auto
-  curve "$1_conv_none_s2023" "${@:3}"
-}
-conv_max() {
-  cold "$1-conv"
-  for s in 2023 2024; do run "$1_conv_max_s$s" 270 +experiment=convergence model="$1" ${RECIPE:-} accel=max seed=$s; curve "$1_conv_max_s$s" "${@:2}"; done
+# resumable NAME EVERY "METRICS" OVERRIDES...: a run (cap 575 s) that checkpoints every EVERY steps outside the run
+# folder (ckpt=local or ckpt=async among OVERRIDES), so that a run cut by its cap is continued by the same part again
+# on the machine kept warm (resume=auto; the report joins the two processes on one clock): the none runs estimated
+# close to a call's cap (g, i, m, n, q)
+resumable() {
+  local name=$1 every=$2 metrics=$3; shift 3
+  run "$name" 575 "$@" ckpt.dir="/tmp/ckpt-$name" ckpt.every_n_steps="$every" resume=auto
+  curve "$name" $metrics
 }
 SDM="val/map/mAP val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg" GFM="val/miou_present val/miou"
 # GaussianFormer's 2-epoch schedule learns at 5x upstream's lr: at test size on the CPU, lr 1e-3 gave miou_present
@@ -86,11 +83,6 @@ notf32() {
     curve qcnet_conv_max_notf32_s${s}_warm $QM; facts qcnet_conv_max_notf32_s${s}_warm
   done
 }
-# nano_none_s2024 NAME CKPT_DIR: m's run (nano none, seed 2024), checkpointed each epoch outside the run folder and resumed
-nano_none_s2024() {
-  run "$1" 575 $NANO accel=none seed=2024 ckpt=local ckpt.dir="$2" ckpt.every_n_steps=48 resume=auto
-  curve "$1" val/mAP
-}
 case "$PART" in
   a) auto_then_max sparsedrive model=sparsedrive bench.steps=150
      (( SPREAD )) && run sparsedrive_max2 150 model=sparsedrive bench.steps=150 $T accel=max ;;  # max against max: the spread
@@ -105,23 +97,22 @@ case "$PART" in
      for s in 2023 2024; do run maptr_conv_max_s$s 200 +experiment=convergence model=maptr accel=max seed=$s; curve maptr_conv_max_s$s val/mAP; done
      run maptr_tiny_conv6_max_bb1 150 +experiment=convergence model=maptr accel=max seed=2023 model.module.backbone_lr_mult=1.0
      curve maptr_tiny_conv6_max_bb1 val/mAP ;;
-  g) resumable_none sparsedrive 32 $SDM ;;
+  g) resumable sparsedrive_conv_none_s2023 32 "$SDM" +experiment=convergence model=sparsedrive accel=none seed=2023 ckpt=async ;;
   h) conv_max sparsedrive $SDM ;;
-  i) RECIPE=$GF_LR resumable_none gaussianformer 96 $GFM ;;
+  i) resumable gaussianformer_conv_none_s2023 96 "$GFM" +experiment=convergence model=gaussianformer $GF_LR accel=none \
+       seed=2023 ckpt=async ;;
   j) RECIPE=$GF_LR conv_max gaussianformer $GFM ;;
   k) conv_none maptr val/mAP ;;
   l) run maptr_nano_conv_none_s2023 560 $NANO accel=none seed=2023; curve maptr_nano_conv_none_s2023 val/mAP ;;
-  m) nano_none_s2024 maptr_nano_conv_none_s2024 /tmp/ckpt-maptr-nano-s2024 ;;
-  n) nano_none_s2024 maptr_nano_conv_none_s2024_beside_c /tmp/ckpt-maptr-nano-s2024-n &
+  m) resumable maptr_nano_conv_none_s2024 48 val/mAP $NANO accel=none seed=2024 ckpt=local ;;
+  n) resumable maptr_nano_conv_none_s2024_beside_c 48 val/mAP $NANO accel=none seed=2024 ckpt=local &
      sleep 20  # m's start-up (data, model) before c's first compile takes the cores
      notf32
      wait ;;
   o) auto_then_max gaussianformer model=gaussianformer ;;
   p) cold maptr-nano
      for s in 2023 2025; do run maptr_nano_conv_max_s${s}_p 200 $NANO accel=max seed=$s; curve maptr_nano_conv_max_s${s}_p val/mAP; done ;;
-  q) run maptr_nano_conv_none_s2025 575 $NANO accel=none seed=2025 ckpt=local ckpt.dir=/tmp/ckpt-maptr-nano-s2025 \
-       ckpt.every_n_steps=48 resume=auto
-     curve maptr_nano_conv_none_s2025 val/mAP ;;
+  q) resumable maptr_nano_conv_none_s2025 48 val/mAP $NANO accel=none seed=2025 ckpt=local ;;
   r) cold sparsedrive  # auto_then_max's caps (320 s, 240 s) are short for SparseDrive's 300 steps (~0.6 s each)
      run sparsedrive_auto 345 model=sparsedrive $T accel=auto accel.auto_numerics=true; trials sparsedrive_auto
      run sparsedrive_max 235 model=sparsedrive $T accel=max ;;
