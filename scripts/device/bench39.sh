@@ -51,6 +51,9 @@
 #   s  QCNet convergence none, seed 2024, alone on the machine (~80 s per epoch, 5 epochs): the `none` runs alone
 #      on record are two (b38 seed 2023 crossed at epoch 3 in 239 s; b29's at epoch 4); `max`'s warm median of
 #      89.1 s is 2.68x the first and 3.45x the median of all four: a third alone says which the 3x stands on
+#   t  QCNet convergence max on an H100 (QCNet's runs on record are all an H200's, and a ratio compares one kind of
+#      machine): a training-only max run fills an empty cache, as b37's a3 did, then convergence max seeds 2023-2025
+#      on it; with s on the same warm H100 (s after t), QCNet's time-to-target ratio on an H100
 #      (g-j: targets since 2026-12-04: SparseDrive planning L2 within 2x the constant-velocity plan's, GaussianFormer
 #      mIoU over the classes present; both provisional until these runs)
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
@@ -117,7 +120,11 @@ case "$PART" in
      run sparsedrive_auto 345 model=sparsedrive $T accel=auto accel.auto_numerics=true; trials sparsedrive_auto
      run sparsedrive_max 235 model=sparsedrive $T accel=max ;;
   s) run qcnet_conv_none_s2024_alone 570 $C accel=none seed=2024; curve qcnet_conv_none_s2024_alone $QM ;;
-  *) log "unknown part $PART (a-s)"; exit 2 ;;
+  t) cold qcnet; run qcnet_fill 240 model=qcnet $T accel=max bench.steps=30
+     for s in 2023 2024 2025; do
+       run qcnet_conv_max_s${s}_warm 150 $C accel=max seed=$s; curve qcnet_conv_max_s${s}_warm $QM; facts qcnet_conv_max_s${s}_warm
+     done ;;
+  *) log "unknown part $PART (a-t)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
