@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from drivebench.models.gaussianformer.geometry import GaussianSet, inverse_sigmoid, safe_sigmoid, unit_to_range
-from drivebench.models.gaussianformer.layers import linear_relu_ln
+from drivebench.models.common.sparse4d import linear_relu_ln
 
 SEMANTIC_ACTIVATIONS = ("identity", "softplus", "softmax")
 

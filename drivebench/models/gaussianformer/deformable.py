@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from drivebench.models.gaussianformer.geometry import GaussianSet, gaussian_axes, safe_sigmoid
-from drivebench.models.gaussianformer.layers import linear_relu_ln
+from drivebench.models.common.sparse4d import linear_relu_ln
 from drivebench.models.ops import deformable_aggregation, masked_point_softmax
 from drivebench.models.ops.deformable_aggregation import AGGREGATION_IMPLS
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from drivebench.models.gaussianformer.anchor import AnchorLayout
 from drivebench.models.gaussianformer.deformable import DeformableAggregation
-from drivebench.models.gaussianformer.layers import AsymmetricFFN
+from drivebench.models.common.sparse4d import AsymmetricFFN
 from drivebench.models.gaussianformer.refine import GaussianRefinement
 from drivebench.models.gaussianformer.sparse_conv import GaussianSparseConv
 
@@ -63,7 +63,7 @@ class GaussianEncoderBlock(nn.Module):
         self.aggregation = DeformableAggregation(d, cfg.num_groups, cfg.num_levels, cfg.num_cams,
                                                  cfg.num_learnable_points, cfg.attn_drop, cfg.aggregation_checkpoint,
                                                  cfg.aggregation)
-        self.ffn = AsymmetricFFN(2 * d, d, cfg.ffn_dims, cfg.dropout)
+        self.ffn = AsymmetricFFN(2 * d, d, cfg.ffn_dims, cfg.dropout, xavier_init=True)
         self.norm = nn.LayerNorm(d)
         self.refine = GaussianRefinement(d, layout, cfg.unit_xyz)
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from drivebench.models.gaussianformer.anchor import AnchorLayout
 from drivebench.models.gaussianformer.geometry import safe_sigmoid
-from drivebench.models.gaussianformer.layers import ChannelScale, linear_relu_ln
+from drivebench.models.common.sparse4d import Scale, linear_relu_ln
 
 
 class GaussianRefinement(nn.Module):
@@ -29,7 +29,7 @@ class GaussianRefinement(nn.Module):
             "delta_logit_bound", torch.tensor([4.0 * u / e for u, e in zip(unit_xyz, extent)]), persistent=False
         )
         self.layers = nn.Sequential(
-            *linear_relu_ln(embed_dims, 2, 2), nn.Linear(embed_dims, layout.dim), ChannelScale(layout.dim)
+            *linear_relu_ln(embed_dims, 2, 2), nn.Linear(embed_dims, layout.dim), Scale(layout.dim)
         )
 
     def forward(self, instance_feature: torch.Tensor, anchor_embed: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""Layers shared by SparseDrive's heads: MLP stacks, attention, FFN, deformable aggregation,
-keypoint generators, the auxiliary depth head and GridMask.
+"""Layers shared by SparseDrive's heads: attention, deformable aggregation, keypoint generators, the auxiliary
+depth head and GridMask (the MLP, scale and FFN bricks are ``drivebench.models.common.sparse4d``'s).
 
 Written from SparseDrive's ``models/blocks.py`` / ``attention.py`` / ``*_blocks.py`` (swc-17/SparseDrive);
 flash-attn is replaced by ``F.scaled_dot_product_attention`` and the CUDA aggregation op by
@@ -16,32 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from drivebench.models.common.sparse4d import linear_relu_ln
 from drivebench.models.ops import deformable_aggregation, masked_point_softmax
 from drivebench.models.ops.deformable_aggregation import AGGREGATION_IMPLS
 from drivebench.models.sparsedrive.boxes import COS_YAW, H, L, SIN_YAW, W, X, Z
-
-
-def linear_relu_ln(dims: int, in_loops: int, out_loops: int, input_dims: int | None = None) -> list[nn.Module]:
-    """``out_loops`` x (``in_loops`` x (Linear, ReLU), LayerNorm): the MLP brick of Sparse4D."""
-    layers: list[nn.Module] = []
-    in_dims = input_dims or dims
-    for _ in range(out_loops):
-        for _ in range(in_loops):
-            layers += [nn.Linear(in_dims, dims), nn.ReLU(inplace=True)]
-            in_dims = dims
-        layers.append(nn.LayerNorm(dims))
-    return layers
-
-
-class Scale(nn.Module):
-    """Learnable per-channel output scale (mmcv ``Scale`` with a vector init)."""
-
-    def __init__(self, dims: int, init: float = 1.0) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((dims,), init))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.scale
 
 
 def bias_init_with_prob(prob: float) -> float:
@@ -105,23 +83,6 @@ class ResidualAttention(nn.Module):
                                              dropout_p=self.dropout if self.training else 0.0)
         out = self.out_proj(out.transpose(1, 2).reshape(b, nq, self.dims))
         return identity + self.out_drop(out)
-
-
-class AsymmetricFFN(nn.Module):
-    """Pre-norm FFN whose input width may differ from its output (the identity is projected)."""
-
-    def __init__(self, in_dims: int, dims: int, hidden: int, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.pre_norm = nn.LayerNorm(in_dims)
-        self.layers = nn.Sequential(
-            nn.Linear(in_dims, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout),
-            nn.Linear(hidden, dims), nn.Dropout(dropout),
-        )
-        self.identity_fc = nn.Identity() if in_dims == dims else nn.Linear(in_dims, dims)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pre_norm(x)
-        return self.identity_fc(x) + self.layers(x)
 
 
 class BoxKeypoints(nn.Module):

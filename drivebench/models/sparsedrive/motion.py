@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from drivebench.models.sparsedrive.blocks import AsymmetricFFN, ResidualAttention, bias_init_with_prob, linear_relu_ln
+from drivebench.models.common.sparse4d import AsymmetricFFN, linear_relu_ln
+from drivebench.models.sparsedrive.blocks import ResidualAttention, bias_init_with_prob
 from drivebench.models.sparsedrive.boxes import COS_YAW, SIN_YAW, VX, gen_sine_embed_2d, project_box_anchors, rotate_2d
 from drivebench.models.sparsedrive.instance_bank import TemporalContext, topk_gather
 from drivebench.models.sparsedrive.sparse_head import HeadOutput

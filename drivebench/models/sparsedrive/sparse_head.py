@@ -17,15 +17,13 @@ from typing import Callable
 import torch
 from torch import nn
 
+from drivebench.models.common.sparse4d import AsymmetricFFN, Scale, linear_relu_ln
 from drivebench.models.sparsedrive.blocks import (
-    AsymmetricFFN,
     BoxKeypoints,
     DeformableFeatureAggregation,
     PolylineKeypoints,
     ResidualAttention,
-    Scale,
     bias_init_with_prob,
-    linear_relu_ln,
 )
 from drivebench.models.sparsedrive.boxes import COS_YAW, H, SIN_YAW, VX, X, Z, project_box_anchors, project_points_2d
 from drivebench.models.sparsedrive.denoising import DenoisingOutput, DenoisingQueries, denoising_attention_mask
