@@ -27,6 +27,18 @@ def _ring_offset_bias(num_heads: int, num_groups: int, num_points: int) -> torch
     return grid.reshape(-1)
 
 
+def _init_as_upstream(attn: nn.Module, num_groups: int) -> None:
+    """Both blocks' init: zero offset weights with the ring bias, zero attention weights, Xavier projections."""
+    nn.init.zeros_(attn.sampling_offsets.weight)
+    with torch.no_grad():
+        attn.sampling_offsets.bias.copy_(_ring_offset_bias(attn.num_heads, num_groups, attn.num_points))
+    nn.init.zeros_(attn.attention_weights.weight)
+    nn.init.zeros_(attn.attention_weights.bias)
+    for lin in (attn.value_proj, attn.output_proj):
+        nn.init.xavier_uniform_(lin.weight)
+        nn.init.zeros_(lin.bias)
+
+
 class FFN(nn.Module):
     """Linear-ReLU-Dropout-Linear-Dropout with a residual (mmcv's FFN)."""
 
@@ -67,14 +79,7 @@ class TemporalSelfAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def init_weights(self) -> None:
-        nn.init.zeros_(self.sampling_offsets.weight)
-        with torch.no_grad():
-            self.sampling_offsets.bias.copy_(_ring_offset_bias(self.num_heads, self.num_bev_queue, self.num_points))
-        nn.init.zeros_(self.attention_weights.weight)
-        nn.init.zeros_(self.attention_weights.bias)
-        for lin in (self.value_proj, self.output_proj):
-            nn.init.xavier_uniform_(lin.weight)
-            nn.init.zeros_(lin.bias)
+        _init_as_upstream(self, self.num_bev_queue)
 
     def forward(self, query: torch.Tensor, query_pos: torch.Tensor, prev_bev: torch.Tensor,
                 ref_2d: torch.Tensor, bev_hw: tuple[int, int]) -> torch.Tensor:
@@ -117,14 +122,7 @@ class DeformableBEVAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def init_weights(self) -> None:
-        nn.init.zeros_(self.sampling_offsets.weight)
-        with torch.no_grad():
-            self.sampling_offsets.bias.copy_(_ring_offset_bias(self.num_heads, 1, self.num_points))
-        nn.init.zeros_(self.attention_weights.weight)
-        nn.init.zeros_(self.attention_weights.bias)
-        for lin in (self.value_proj, self.output_proj):
-            nn.init.xavier_uniform_(lin.weight)
-            nn.init.zeros_(lin.bias)
+        _init_as_upstream(self, 1)
 
     def forward(self, query: torch.Tensor, query_pos: torch.Tensor, value: torch.Tensor,
                 reference_points: torch.Tensor, bev_hw: tuple[int, int]) -> torch.Tensor:
