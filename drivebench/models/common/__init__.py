@@ -1,1 +1,1 @@
-"""Building blocks shared by the camera models: image backbone + FPN, focal loss."""
+"""Building blocks shared by the camera models: image backbone + FPN, focal loss, Sparse4D's MLP/FFN bricks."""

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from drivebench.models.common.sparse4d import AsymmetricFFN
 from drivebench.models.gaussianformer.anchor import AnchorLayout
 from drivebench.models.gaussianformer.deformable import DeformableAggregation
-from drivebench.models.common.sparse4d import AsymmetricFFN
 from drivebench.models.gaussianformer.refine import GaussianRefinement
 from drivebench.models.gaussianformer.sparse_conv import GaussianSparseConv
 

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from drivebench.models.common.sparse4d import Scale, linear_relu_ln
 from drivebench.models.gaussianformer.anchor import AnchorLayout
 from drivebench.models.gaussianformer.geometry import safe_sigmoid
-from drivebench.models.common.sparse4d import Scale, linear_relu_ln
 
 
 class GaussianRefinement(nn.Module):

@@ -170,7 +170,7 @@ class DeformableFeatureAggregation(nn.Module):
         self.impl = impl
         self.kps = keypoints
         self.num_pts = keypoints.num_pts
-        self.camera_encoder = nn.Sequential(*linear_relu_ln(dims, 1, 2, 12))
+        self.camera_encoder = linear_relu_ln(dims, 1, 2, 12)
         self.weights_fc = nn.Linear(dims, num_groups * num_levels * self.num_pts)
         self.output_proj = nn.Linear(dims, dims)
         nn.init.zeros_(self.weights_fc.weight)

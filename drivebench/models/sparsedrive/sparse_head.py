@@ -183,10 +183,10 @@ class BoxAnchorEncoder(nn.Module):
         super().__init__()
         parts = [dims // 2, dims // 8, dims // 8]
         parts.append(dims - sum(parts))
-        self.pos_fc = nn.Sequential(*linear_relu_ln(parts[0], 1, out_loops, 3))
-        self.size_fc = nn.Sequential(*linear_relu_ln(parts[1], 1, out_loops, 3))
-        self.yaw_fc = nn.Sequential(*linear_relu_ln(parts[2], 1, out_loops, 2))
-        self.vel_fc = nn.Sequential(*linear_relu_ln(parts[3], 1, out_loops, 3))
+        self.pos_fc = linear_relu_ln(parts[0], 1, out_loops, 3)
+        self.size_fc = linear_relu_ln(parts[1], 1, out_loops, 3)
+        self.yaw_fc = linear_relu_ln(parts[2], 1, out_loops, 2)
+        self.vel_fc = linear_relu_ln(parts[3], 1, out_loops, 3)
 
     def forward(self, anchor: torch.Tensor) -> torch.Tensor:
         return torch.cat(
@@ -247,7 +247,7 @@ class PolylineAnchorEncoder(nn.Module):
 
     def __init__(self, dims: int, num_sample: int = 20) -> None:
         super().__init__()
-        self.pos_fc = nn.Sequential(*linear_relu_ln(dims, 1, 2, 2 * num_sample))
+        self.pos_fc = linear_relu_ln(dims, 1, 2, 2 * num_sample)
 
     def forward(self, anchor: torch.Tensor) -> torch.Tensor:
         return self.pos_fc(anchor)
