@@ -72,18 +72,25 @@ resumable() {
   run "$name" 575 "$@" ckpt.dir="/tmp/ckpt-$name" ckpt.every_n_steps="$every" resume=auto
   curve "$name" $metrics
 }
+conv_max() {
+  cold "$1-conv"
+  for s in 2023 2024; do run "$1_conv_max_s$s" 270 +experiment=convergence model="$1" ${RECIPE:-} accel=max seed=$s; curve "$1_conv_max_s$s" "${@:2}"; done
+}
 SDM="val/map/mAP val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg" GFM="val/miou_present val/miou"
 # GaussianFormer's 2-epoch schedule learns at 5x upstream's lr: at test size on the CPU, lr 1e-3 gave miou_present
 # 9.96 / 15.7 after epochs 1 / 2 (seed 2023; 7.66 / 13.3 seed 2024), upstream's 2e-4 0.0 / 0.02
 # (results/cpu2core-2026-12-05-crop-view)
 GF_LR="model.optimizer.lr=1e-3"
 NANO="+experiment=convergence model=maptr model.size=nano model.optimizer.lr=2e-3 model.module.backbone_lr_mult=1.0"
-# notf32: c's QCNet TF32 ablation (a training-only run fills an empty cache, then convergence max TF32 off, two seeds)
-notf32() {
-  cold qcnet-notf32; run qcnet_fill_notf32 240 model=qcnet $T accel=max accel.tf32=false bench.steps=30
-  for s in 2023 2024; do
-    run qcnet_conv_max_notf32_s${s}_warm 160 $C accel=max accel.tf32=false seed=$s
-    curve qcnet_conv_max_notf32_s${s}_warm $QM; facts qcnet_conv_max_notf32_s${s}_warm
+# qcnet_warm TAG "SEEDS" OVERRIDES...: QCNet convergence max on a warm cache: a training-only max run fills an empty
+# cache (as b37's a3 did; TF32 and the other settings are in Inductor's key, so OVERRIDES go to both), then one
+# convergence run per seed on it (c: TF32 off; t: as configured, on an H100)
+qcnet_warm() {
+  local tag=$1 seeds=$2; shift 2
+  cold "qcnet$tag"; run "qcnet_fill$tag" 240 model=qcnet $T accel=max bench.steps=30 "$@"
+  for s in $seeds; do
+    local name="qcnet_conv_max${tag}_s${s}_warm"
+    run "$name" 160 $C accel=max seed=$s "$@"; curve "$name" $QM; facts "$name"
   done
 }
 case "$PART" in
@@ -91,7 +98,7 @@ case "$PART" in
      (( SPREAD )) && run sparsedrive_max2 150 model=sparsedrive bench.steps=150 $T accel=max ;;  # max against max: the spread
   b) auto_then_max gaussianformer model=gaussianformer bench.steps=150
      (( SPREAD )) && run gaussianformer_max2 120 model=gaussianformer bench.steps=150 $T accel=max ;;
-  c) notf32 ;;
+  c) qcnet_warm _notf32 "2023 2024" accel.tf32=false ;;
   d) auto_then_max maptr model=maptr ;;
   e) cold maptr-nano
      for s in 2023 2024; do run maptr_nano_conv_max_s$s 200 $NANO accel=max seed=$s; curve maptr_nano_conv_max_s$s val/mAP; done
@@ -110,7 +117,7 @@ case "$PART" in
   m) resumable maptr_nano_conv_none_s2024 48 val/mAP $NANO accel=none seed=2024 ckpt=local ;;
   n) resumable maptr_nano_conv_none_s2024_beside_c 48 val/mAP $NANO accel=none seed=2024 ckpt=local &
      sleep 20  # m's start-up (data, model) before c's first compile takes the cores
-     notf32
+     qcnet_warm _notf32 "2023 2024" accel.tf32=false
      wait ;;
   o) auto_then_max gaussianformer model=gaussianformer ;;
   p) cold maptr-nano
@@ -120,10 +127,7 @@ case "$PART" in
      run sparsedrive_auto 345 model=sparsedrive $T accel=auto accel.auto_numerics=true; trials sparsedrive_auto
      run sparsedrive_max 235 model=sparsedrive $T accel=max ;;
   s) run qcnet_conv_none_s2024_alone 570 $C accel=none seed=2024; curve qcnet_conv_none_s2024_alone $QM ;;
-  t) cold qcnet; run qcnet_fill 240 model=qcnet $T accel=max bench.steps=30
-     for s in 2023 2024 2025; do
-       run qcnet_conv_max_s${s}_warm 150 $C accel=max seed=$s; curve qcnet_conv_max_s${s}_warm $QM; facts qcnet_conv_max_s${s}_warm
-     done ;;
+  t) qcnet_warm "" "2023 2024 2025" ;;
   *) log "unknown part $PART (a-t)"; exit 2 ;;
 esac
 report
