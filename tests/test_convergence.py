@@ -144,6 +144,40 @@ def test_a_run_stopped_early_counts_its_time_to_target_but_has_no_final_metric()
     assert shown.loc["max", "final (mean [min-max])"] == "5.2"
 
 
+def test_a_none_run_cut_before_the_target_still_bounds_the_ratio_from_below():
+    """A none run capped at 300 s never met the target: it would have, if ever, later than 300 s, so max's
+    ratio is at least 300 s over max's median (and at least 300 s over max's slowest for every pair)."""
+    runs, scalars = _runs([("n1", "none", 2024, [9.5, 7.5, 7.0], 100.0),            # cut at 300 s, above 6.0
+                           ("m1", "max", 2023, [9.1, 5.7, 5.2], 30.0), ("m2", "max", 2024, [9.2, 5.6, 5.3], 31.0)])
+    stopped, done = runs[runs["run_dir"] == "n1"], runs[runs["run_dir"] != "n1"]
+    targets = with_recorded_targets([], runs)
+    followed = followed_runs(analyse(done, scalars, targets), stopped, scalars, targets).runs
+    table = convergence_table(followed, scalars, targets[0]).set_index("setting")
+    assert table.loc["none", "not_reached_by_s"] == 300.0 and math.isnan(table.loc["max", "not_reached_by_s"])
+    assert table.loc["max", "wall_s_vs_none_bound"] == "at least"
+    assert table.loc["max", "wall_s_vs_none"] == pytest.approx(300.0 / 61.0)       # max met it at 60 and 62 s
+    assert table.loc["max", "wall_s_vs_none_min"] == pytest.approx(300.0 / 62.0)
+    assert math.isnan(table.loc["max", "wall_s_vs_none_max"])                      # no ceiling
+    shown = convergence_display(table.reset_index()).set_index("setting")
+    assert shown.loc["max", "time to target, none / this [over pairs of runs]"] == "at least 4.92x [pairs: at least 4.84x]"
+    assert shown.loc["none", "to target (median over seeds)"] == "not reached before the stop (in 300 s)"
+    # a none run that reached it beside one that did not: the cut run stands in with its 300 s
+    runs, scalars = _runs([("n1", "none", 2024, [9.5, 7.5, 7.0], 100.0), ("n2", "none", 2023, [9.0, 5.9, 5.5], 90.0),
+                           ("n3", "none", 2025, [9.0, 7.0, 5.9], 95.0),
+                           ("m1", "max", 2023, [9.1, 5.7, 5.2], 30.0), ("m2", "max", 2024, [9.2, 7.6, 5.3], 31.0)])
+    stopped, done = runs[runs["run_dir"] == "n1"], runs[runs["run_dir"] != "n1"]
+    followed = followed_runs(analyse(done, scalars, targets), stopped, scalars, targets).runs
+    table = convergence_table(followed, scalars, targets[0]).set_index("setting")
+    assert table.loc["max", "wall_s_vs_none"] == pytest.approx(285.0 / 76.5)        # median of 180, 285, 300 s
+    assert table.loc["max", "wall_s_vs_none_min"] == pytest.approx(180.0 / 93.0)
+    # a setting with a run that did not meet it either: neither side of the ratio is known
+    runs, scalars = _runs([("n1", "none", 2024, [9.5, 7.5, 7.0], 100.0),
+                           ("m1", "max", 2023, [9.1, 5.7, 5.2], 30.0), ("m2", "max", 2024, [9.2, 7.6, 7.3], 31.0)])
+    followed = followed_runs(analyse(runs.iloc[1:], scalars, targets), runs.iloc[:1], scalars, targets).runs
+    table = convergence_table(followed, scalars, targets[0]).set_index("setting")
+    assert math.isnan(table.loc["max", "wall_s_vs_none"]) and table.loc["max", "wall_s_vs_none_bound"] == ""
+
+
 def test_a_resumed_run_is_one_run_on_one_clock():
     """Seed 2023 stopped after two epochs (180 s of training) and continued from its checkpoint in a new
     folder (its own clock restarts; the same run id): one run, its later validations 180 s later."""
@@ -173,7 +207,8 @@ def test_with_every_run_stopped_early_the_table_says_so():
     targets = with_recorded_targets([], runs)
     followed = followed_runs(analyse(runs.iloc[:0], scalars, targets), runs, scalars, targets).runs
     shown = convergence_display(convergence_table(followed, scalars, targets[0])).set_index("setting")
-    assert shown.loc["none", "to target (median over seeds)"] == "not reached before the stop"
+    assert shown.loc["none", "to target (median over seeds)"] == "not reached before the stop (in 180 s)"
+    assert shown.loc["max", "time to target, none / this [over pairs of runs]"] == "at least 3x"  # 180 s / 60 s
     assert shown.loc["max", "to target (median over seeds)"] == "60 s, step 500"
     assert shown.loc["max", "final (mean [min-max])"] == "- (every run stopped early)"
     assert shown.loc["max", "final within the seed spread of none"] == "no final metric"

@@ -15,6 +15,12 @@ the validations it logged before the stop: when it met the target is a fact of i
 time to target counts; it has no final metric (its schedule did not end), so the final-metric
 columns and the seed spread are over the runs that completed.
 
+A run that did not meet the target (stopped before it, or its schedule ended first) bounds its time to
+target from below: it would have met it, if ever, after its last logged training value. Where some of
+``none``'s runs did not meet it and every run of a setting did, the setting's ratio is a lower bound,
+taken with those runs' training spans standing in for their times (each true time is longer, so the
+median is at least the median of these): a short-capped ``none`` run still answers "at least Nx sooner".
+
 A run continued from its checkpoint (``resume``: the same ``run_id``) is one run here, not two: its
 segments' validations form one curve, and its clock is the sum of the segments' training time (each
 from its first step to its last logged value), so the time to target counts what every segment spent,
@@ -169,8 +175,9 @@ def unfollowed_targets(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[
 
 def convergence_rows(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) -> pd.DataFrame:
     """The runs that followed ``target``'s metric over training, with its final value (``final``; NaN for a
-    run stopped before its schedule ended: its last validation is not a final)."""
-    keep, finals, firsts = [], [], []
+    run stopped before its schedule ended: its last validation is not a final) and its training span
+    (``training_s``: the floor of its time to target where it did not meet it)."""
+    keep, finals, firsts, spans = [], [], [], []
     for index, row in runs.iterrows():
         curve = validation_curve(scalars, row["run_dir"], target.metric)
         if len(curve) < MIN_POINTS:
@@ -178,7 +185,8 @@ def convergence_rows(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) 
         keep.append(index)
         finals.append(math.nan if is_stopped(row) else float(curve["value"].iloc[-1]))
         firsts.append(float(curve["step"].iloc[0]))
-    return runs.loc[keep].assign(final=finals, first_validation_step=firsts)
+        spans.append(_training_span(scalars[scalars["run_dir"] == row["run_dir"]]))
+    return runs.loc[keep].assign(final=finals, first_validation_step=firsts, training_s=spans)
 
 
 def met_at_first_validation(row: pd.Series, target: Target) -> bool:
@@ -209,7 +217,8 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
                "final_max", "final_spread", "reached", "runs_reached", "stopped_before_target",
                "reached_at_first_validation", "resumed",
                "to_target_wall_s_median", "to_target_steps_median", "compile_s_median", "compile_cache",
-               "wall_s_vs_none", "wall_s_vs_none_min", "wall_s_vs_none_max", "same_as_none"]
+               "not_reached_by_s", "wall_s_vs_none", "wall_s_vs_none_min", "wall_s_vs_none_max", "wall_s_vs_none_bound",
+               "same_as_none"]
     if rows.empty:
         return pd.DataFrame(columns=columns)
     state, wall, steps = (target_column(target, f) for f in ("state", "wall_s", "steps"))
@@ -217,6 +226,8 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
     for keys, part in rows.groupby([*GROUP, "setting"], dropna=False, sort=False):
         reached = part[part[state] == "reached"]
         finals = part["final"].dropna()
+        # each run's time to target, or its floor where it did not meet it
+        floors = part[wall].where(part[state] == "reached", part["training_s"])
         out.append({
             **dict(zip([*GROUP, "setting"], keys)),
             "runs": len(part),
@@ -237,6 +248,10 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             "to_target_steps_median": float(reached[steps].median()) if len(reached) else math.nan,
             "to_target_wall_s_min": float(reached[wall].min()) if len(reached) else math.nan,
             "to_target_wall_s_max": float(reached[wall].max()) if len(reached) else math.nan,
+            "to_target_wall_s_floor_median": float(floors.median()),
+            "to_target_wall_s_floor_min": float(floors.min()),
+            # the longest a run that did not meet it trained for: "not met in the first N s"
+            "not_reached_by_s": float(part.loc[part[state] != "reached", "training_s"].max()) if len(reached) < len(part) else math.nan,
             # the one-time cost inside those seconds (a cold compile decides a short schedule)
             "compile_s_median": float(part["compile_s"].median()) if "compile_s" in part else math.nan,
             "compile_cache": (",".join(sorted(set(part["compile_cache"].dropna()))) or None) if "compile_cache" in part else None,
@@ -250,11 +265,23 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
                 table.loc[index, "same_as_none"] = "no none run"
                 continue
             b = base.iloc[0]
-            table.loc[index, "wall_s_vs_none"] = _ratio(b["to_target_wall_s_median"], row["to_target_wall_s_median"])
-            # the ratio's range over every pairing of a none run with a run of this setting: a median ratio
-            # resting on one early-crossing none run shows here (QCNet, H200: 3.45x median, 2.41x at the worst)
-            table.loc[index, "wall_s_vs_none_min"] = _ratio(b["to_target_wall_s_min"], row["to_target_wall_s_max"])
-            table.loc[index, "wall_s_vs_none_max"] = _ratio(b["to_target_wall_s_max"], row["to_target_wall_s_min"])
+            table.loc[index, "wall_s_vs_none_bound"] = ""
+            if b["runs_reached"] < b["runs"]:
+                # some none run did not meet it: its time is longer than it trained, so with every run of
+                # this setting met the ratio has a floor (and no ceiling); otherwise neither side is known
+                every = row["runs_reached"] == row["runs"]
+                table.loc[index, "wall_s_vs_none"] = (_ratio(b["to_target_wall_s_floor_median"], row["to_target_wall_s_median"])
+                                                      if every else math.nan)
+                table.loc[index, "wall_s_vs_none_min"] = (_ratio(b["to_target_wall_s_floor_min"], row["to_target_wall_s_max"])
+                                                          if every else math.nan)
+                table.loc[index, "wall_s_vs_none_max"] = math.nan
+                table.loc[index, "wall_s_vs_none_bound"] = "at least" if every else ""
+            else:
+                table.loc[index, "wall_s_vs_none"] = _ratio(b["to_target_wall_s_median"], row["to_target_wall_s_median"])
+                # the ratio's range over every pairing of a none run with a run of this setting: a median ratio
+                # resting on one early-crossing none run shows here (QCNet, H200: 3.45x median, 2.41x at the worst)
+                table.loc[index, "wall_s_vs_none_min"] = _ratio(b["to_target_wall_s_min"], row["to_target_wall_s_max"])
+                table.loc[index, "wall_s_vs_none_max"] = _ratio(b["to_target_wall_s_max"], row["to_target_wall_s_min"])
             table.loc[index, "same_as_none"] = same_convergence(row["final_mean"], row["final_spread"], b["final_mean"],
                                                                 b["final_spread"], row["finals"], b["finals"])
     return table.reindex(columns=columns)

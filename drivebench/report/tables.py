@@ -155,7 +155,9 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
         wall = fmt(r["to_target_wall_s_median"], unit=" s")
         if wall:
             return f"{wall}, step {r['to_target_steps_median']:.0f}"
-        return "not reached before the stop" if r.get("stopped_before_target", 0) == r["runs"] else "not reached"
+        never = "not reached before the stop" if r.get("stopped_before_target", 0) == r["runs"] else "not reached"
+        trained = fmt(r.get("not_reached_by_s", math.nan), unit=" s")
+        return f"{never} (in {trained})" if trained else never
 
     def reached(r: pd.Series) -> str:
         notes = []
@@ -172,6 +174,9 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
     def vs_none(r: pd.Series) -> str:
         median = fmt(r["wall_s_vs_none"], unit="x")
         low, high = fmt(r.get("wall_s_vs_none_min", math.nan)), fmt(r.get("wall_s_vs_none_max", math.nan))
+        if r.get("wall_s_vs_none_bound") == "at least":  # some none run never met it: floors, no ceiling
+            return f"at least {median} [pairs: at least {low}x]" if median and low and low + "x" != median else (
+                f"at least {median}" if median else "")
         return f"{median} [{low}-{high}]" if median and low and high and low != high else median
 
     def compiling(r: pd.Series) -> str:
