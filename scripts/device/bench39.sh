@@ -128,6 +128,9 @@ case "$PART" in
      run sparsedrive_max 235 model=sparsedrive $T accel=max ;;
   s) run qcnet_conv_none_s2024_alone 570 $C accel=none seed=2024; curve qcnet_conv_none_s2024_alone $QM ;;
   t) qcnet_warm "" "2023 2024 2025" ;;
+  u) for s in 2024 2025; do  # t's later seeds on the cache t filled (the machine kept warm after t)
+       name="qcnet_conv_max_s${s}_warm"; run "$name" 200 $C accel=max seed=$s; curve "$name" $QM; facts "$name"
+     done ;;
   *) log "unknown part $PART (a-t)"; exit 2 ;;
 esac
 report
