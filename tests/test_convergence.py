@@ -144,9 +144,10 @@ def test_a_run_stopped_early_counts_its_time_to_target_but_has_no_final_metric()
     assert shown.loc["max", "final (mean [min-max])"] == "5.2"
 
 
-def test_a_none_run_cut_before_the_target_still_bounds_the_ratio_from_below():
+def test_a_run_that_never_met_the_target_bounds_the_ratio_on_its_side():
     """A none run capped at 300 s never met the target: it would have, if ever, later than 300 s, so max's
-    ratio is at least 300 s over max's median (and at least 300 s over max's slowest for every pair)."""
+    ratio is at least 300 s over max's median (and at least 300 s over max's slowest for every pair); a max
+    run cut before it makes the ratio a ceiling the same way."""
     runs, scalars = _runs([("n1", "none", 2024, [9.5, 7.5, 7.0], 100.0),            # cut at 300 s, above 6.0
                            ("m1", "max", 2023, [9.1, 5.7, 5.2], 30.0), ("m2", "max", 2024, [9.2, 5.6, 5.3], 31.0)])
     stopped, done = runs[runs["run_dir"] == "n1"], runs[runs["run_dir"] != "n1"]
@@ -170,6 +171,20 @@ def test_a_none_run_cut_before_the_target_still_bounds_the_ratio_from_below():
     table = convergence_table(followed, scalars, targets[0]).set_index("setting")
     assert table.loc["max", "wall_s_vs_none"] == pytest.approx(285.0 / 76.5)        # median of 180, 285, 300 s
     assert table.loc["max", "wall_s_vs_none_min"] == pytest.approx(180.0 / 93.0)
+    # the other way round (b44, H100: a max run cut before the target): its seconds make the ratio a ceiling
+    runs, scalars = _runs([("n1", "none", 2024, [9.5, 7.5, 5.5], 57.0),
+                           ("m1", "max", 2023, [9.1, 7.7, 7.2, 5.2], 30.0), ("m2", "max", 2025, [9.2, 7.6, 7.3, 5.3], 31.0),
+                           ("m3", "max", 2024, [9.3], 178.0)])                    # cut at 178 s, one validation
+    scalars = pd.concat([scalars, _val_scalars("m3", [9.3, 9.0], epoch_s=100.0).iloc[2:]])  # a second point at 200 s
+    stopped, done = runs[runs["run_dir"] == "m3"], runs[runs["run_dir"] != "m3"]
+    followed = followed_runs(analyse(done, scalars, targets), stopped, scalars, targets).runs
+    table = convergence_table(followed, scalars, targets[0]).set_index("setting")
+    assert table.loc["max", "reached"] == "2/3" and table.loc["max", "wall_s_vs_none_bound"] == "at most"
+    assert table.loc["max", "wall_s_vs_none"] == pytest.approx(171.0 / 124.0)     # max: 120, 124 s, and 200 s cut
+    assert table.loc["max", "wall_s_vs_none_max"] == pytest.approx(171.0 / 120.0)
+    assert math.isnan(table.loc["max", "wall_s_vs_none_min"])                      # no floor
+    shown = convergence_display(table.reset_index()).set_index("setting")
+    assert shown.loc["max", "time to target, none / this [over pairs of runs]"] == "at most 1.38x [pairs: at most 1.43x]"
     # a setting with a run that did not meet it either: neither side of the ratio is known
     runs, scalars = _runs([("n1", "none", 2024, [9.5, 7.5, 7.0], 100.0),
                            ("m1", "max", 2023, [9.1, 5.7, 5.2], 30.0), ("m2", "max", 2024, [9.2, 7.6, 7.3], 31.0)])

@@ -16,10 +16,10 @@ time to target counts; it has no final metric (its schedule did not end), so the
 columns and the seed spread are over the runs that completed.
 
 A run that did not meet the target (stopped before it, or its schedule ended first) bounds its time to
-target from below: it would have met it, if ever, after its last logged training value. Where some of
-``none``'s runs did not meet it and every run of a setting did, the setting's ratio is a lower bound,
-taken with those runs' training spans standing in for their times (each true time is longer, so the
-median is at least the median of these): a short-capped ``none`` run still answers "at least Nx sooner".
+target from below: it would have met it, if ever, after its last logged training value. Such runs stand
+in with their training spans (each true time is longer, so a median is at least the median of these):
+where only ``none`` has them, a setting's ratio is a floor (a short-capped ``none`` run still answers
+"at least Nx sooner"); where only the setting has them, a ceiling ("at most Nx").
 
 A run continued from its checkpoint (``resume``: the same ``run_id``) is one run here, not two: its
 segments' validations form one curve, and its clock is the sum of the segments' training time (each
@@ -265,26 +265,35 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
                 table.loc[index, "same_as_none"] = "no none run"
                 continue
             b = base.iloc[0]
-            table.loc[index, "wall_s_vs_none_bound"] = ""
-            if b["runs_reached"] < b["runs"]:
-                # some none run did not meet it: its time is longer than it trained, so with every run of
-                # this setting met the ratio has a floor (and no ceiling); otherwise neither side is known
-                every = row["runs_reached"] == row["runs"]
-                table.loc[index, "wall_s_vs_none"] = (_ratio(b["to_target_wall_s_floor_median"], row["to_target_wall_s_median"])
-                                                      if every else math.nan)
-                table.loc[index, "wall_s_vs_none_min"] = (_ratio(b["to_target_wall_s_floor_min"], row["to_target_wall_s_max"])
-                                                          if every else math.nan)
-                table.loc[index, "wall_s_vs_none_max"] = math.nan
-                table.loc[index, "wall_s_vs_none_bound"] = "at least" if every else ""
-            else:
-                table.loc[index, "wall_s_vs_none"] = _ratio(b["to_target_wall_s_median"], row["to_target_wall_s_median"])
-                # the ratio's range over every pairing of a none run with a run of this setting: a median ratio
-                # resting on one early-crossing none run shows here (QCNet, H200: 3.45x median, 2.41x at the worst)
-                table.loc[index, "wall_s_vs_none_min"] = _ratio(b["to_target_wall_s_min"], row["to_target_wall_s_max"])
-                table.loc[index, "wall_s_vs_none_max"] = _ratio(b["to_target_wall_s_max"], row["to_target_wall_s_min"])
+            ratios = ratio_vs_none(b, row)
+            for key, value in zip(("wall_s_vs_none", "wall_s_vs_none_min", "wall_s_vs_none_max", "wall_s_vs_none_bound"),
+                                  ratios):
+                table.loc[index, key] = value
             table.loc[index, "same_as_none"] = same_convergence(row["final_mean"], row["final_spread"], b["final_mean"],
                                                                 b["final_spread"], row["finals"], b["finals"])
     return table.reindex(columns=columns)
+
+
+def ratio_vs_none(base: pd.Series, row: pd.Series) -> tuple[float, float, float, str]:
+    """How many times sooner than ``none`` a setting met the target: (over the medians, the least and the most
+    over pairs of runs, bound). A run that did not meet it stands in with the seconds it trained, shorter
+    than its time to target would have been: where only ``none`` has such runs the ratio is a floor
+    (``at least``; no most over pairs), where only this setting has them a ceiling (``at most``; no least),
+    and where both have them, or this setting never met it, it is unknown (NaN)."""
+    none_all, this_all = base["runs_reached"] == base["runs"], row["runs_reached"] == row["runs"]
+    if none_all and this_all:
+        # the range over every pairing of a none run with a run of this setting: a median ratio resting on
+        # one early-crossing none run shows here (QCNet, H200: 3.45x median, 2.41x at the worst)
+        return (_ratio(base["to_target_wall_s_median"], row["to_target_wall_s_median"]),
+                _ratio(base["to_target_wall_s_min"], row["to_target_wall_s_max"]),
+                _ratio(base["to_target_wall_s_max"], row["to_target_wall_s_min"]), "")
+    if this_all:
+        return (_ratio(base["to_target_wall_s_floor_median"], row["to_target_wall_s_median"]),
+                _ratio(base["to_target_wall_s_floor_min"], row["to_target_wall_s_max"]), math.nan, "at least")
+    if none_all and row["runs_reached"] > 0:
+        return (_ratio(base["to_target_wall_s_median"], row["to_target_wall_s_floor_median"]), math.nan,
+                _ratio(base["to_target_wall_s_max"], row["to_target_wall_s_floor_min"]), "at most")
+    return math.nan, math.nan, math.nan, ""
 
 
 def _ratio(none_s: float, this_s: float) -> float:

@@ -174,9 +174,11 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
     def vs_none(r: pd.Series) -> str:
         median = fmt(r["wall_s_vs_none"], unit="x")
         low, high = fmt(r.get("wall_s_vs_none_min", math.nan)), fmt(r.get("wall_s_vs_none_max", math.nan))
-        if r.get("wall_s_vs_none_bound") == "at least":  # some none run never met it: floors, no ceiling
-            return f"at least {median} [pairs: at least {low}x]" if median and low and low + "x" != median else (
-                f"at least {median}" if median else "")
+        bound = r.get("wall_s_vs_none_bound")
+        if bound in ("at least", "at most"):  # some runs never met it: one side of the ratio only
+            pairs = low if bound == "at least" else high
+            return (f"{bound} {median} [pairs: {bound} {pairs}x]" if median and pairs and pairs + "x" != median
+                    else f"{bound} {median}" if median else "")
         return f"{median} [{low}-{high}]" if median and low and high and low != high else median
 
     def compiling(r: pd.Series) -> str:
