@@ -161,7 +161,8 @@ STOP = SignalStop()
 
 
 class StopOnSignal(pl.Callback):
-    """Stops training at the first optimizer-step boundary after a stop signal, on every rank at the same step.
+    """Stops training at the first optimizer-step boundary after a stop signal, on every rank at the same step
+    (the end of a validation during ``fit`` is one: it follows an optimizer step).
 
     The checkpoint trigger (:class:`drivebench.ckpt.callback.Checkpointing`) writes the final checkpoint in
     ``on_train_end`` when :attr:`stopped` is set; validation during ``fit`` is switched off for that last
@@ -179,8 +180,20 @@ class StopOnSignal(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if self.stopped is not None or not at_optimizer_step_boundary(trainer, batch_idx):
+        if self.stopped is None and at_optimizer_step_boundary(trainer, batch_idx):
+            self._stop_if_signalled(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A signal received while validating during ``fit`` stops training here, not after the next training
+        step, which can take longer than a scheduler's grace (a new epoch's loader, a CUDA graph capture; b44,
+        H100: a capped run got SIGTERM in its epoch-4 validation and SIGKILL 5 s later, with no summary)."""
+        if not self._deferring or trainer.sanity_checking or self.stopped is not None:
             return
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.ready  # batches of this epoch so far
+        if done and at_optimizer_step_boundary(trainer, done - 1):
+            self._stop_if_signalled(trainer)
+
+    def _stop_if_signalled(self, trainer: pl.Trainer) -> None:
         mine = self.stop.received
         if trainer.world_size > 1:
             # every rank must stop at the same step (the save and DDP's collectives): the first rank to

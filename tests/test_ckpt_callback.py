@@ -109,11 +109,12 @@ def trainer_for(tmp_path: Path, ckpt: Checkpointing | None, callbacks: list[pl.C
                 **kwargs: Any) -> pl.Trainer:
     """A CPU Trainer with the trigger, the RNG callback and the IO as a plugin (the runners' set-up)."""
     kwargs.setdefault("max_epochs", -1)
+    kwargs.setdefault("limit_val_batches", 0)
     return pl.Trainer(accelerator="cpu", devices=1, logger=kwargs.pop("logger", False),
                       callbacks=[*callbacks, RngState(), *([ckpt] if ckpt is not None else [])],
                       plugins=[ckpt.io if ckpt is not None else StorageCheckpointIO(None)],
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      use_distributed_sampler=False, num_sanity_val_steps=0, limit_val_batches=0,
+                      use_distributed_sampler=False, num_sanity_val_steps=0,
                       default_root_dir=str(tmp_path), **kwargs)
 
 

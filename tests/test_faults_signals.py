@@ -21,6 +21,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
+import torch
 
 from drivebench.ckpt.store import CheckpointStore, step_of
 from drivebench.signals import STOP, Interrupted, StopOnSignal, exit_code, signal_name
@@ -92,6 +93,39 @@ def test_a_second_signal_stops_at_once(tmp_path, handlers):
     assert stopped.value.signum == signal.SIGINT and stopped.value.exit_code == 130
     assert trainer.global_step == 1 and handlers.deferring == 0
     assert handlers.count == 2  # the stop line says "a second signal" only then (else: a failure after the signal)
+
+
+def test_a_signal_during_validation_in_fit_stops_at_its_end_before_another_training_step(tmp_path, handlers):
+    """Validation every 3 optimizer steps; SIGTERM in the second one (after step 6): training stops when that
+    validation ends, at step 6, with step 6's checkpoint; no seventh training step runs first."""
+
+    class Validated(Toy):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("val/loss", torch.nn.functional.mse_loss(self.net(batch[0]), batch[1]))
+
+    class Data(ToyData):
+        def val_dataloader(self) -> Any:
+            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(self.x, self.y), batch_size=8)
+
+    class SignalInValidation(pl.Callback):
+        def __init__(self) -> None:
+            self.validations = 0
+
+        def on_validation_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+            self.validations += 1
+            if self.validations == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    ckpt = checkpointing(str(tmp_path / "ckpt"), save_last=False)
+    stop = StopOnSignal(handlers)
+    pl.seed_everything(7, verbose=False)
+    module = Validated()
+    trainer = trainer_for(tmp_path, ckpt, callbacks=[stop, SignalInValidation()], max_steps=100,
+                          limit_val_batches=2, val_check_interval=3)
+    trainer.fit(module, datamodule=Data())
+    assert stop.stopped == {"signal": "SIGTERM", "signum": signal.SIGTERM, "step": 6}
+    assert trainer.global_step == 6 and sorted(module.losses) == [0, 1, 2, 3, 4, 5]
+    assert [s["step"] for s in ckpt.io.saves] == [6]
 
 
 def test_outside_training_a_signal_raises_where_the_program_is(handlers):
