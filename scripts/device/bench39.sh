@@ -53,7 +53,9 @@
 #      89.1 s is 2.68x the first and 3.45x the median of all four: a third alone says which the 3x stands on
 #   t  QCNet convergence max on an H100 (QCNet's runs on record are all an H200's, and a ratio compares one kind of
 #      machine): a training-only max run fills an empty cache, as b37's a3 did, then convergence max seeds 2023-2025
-#      on it; with s on the same warm H100 (s after t), QCNet's time-to-target ratio on an H100
+#      on it; with s on the same warm H100 (s after t), QCNet's time-to-target ratio on an H100 (b44: 480 s held
+#      the fill and seed 2023 only; 2024 was cut at its cap in its epoch-4 validation)
+#   u  t's later seeds, 2024 and 2025, on the cache t filled (the machine kept warm after t), ~350 s
 #      (g-j: targets since 2026-12-04: SparseDrive planning L2 within 2x the constant-velocity plan's, GaussianFormer
 #      mIoU over the classes present; both provisional until these runs)
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
@@ -128,7 +130,8 @@ case "$PART" in
      run sparsedrive_max 235 model=sparsedrive $T accel=max ;;
   s) run qcnet_conv_none_s2024_alone 570 $C accel=none seed=2024; curve qcnet_conv_none_s2024_alone $QM ;;
   t) qcnet_warm "" "2023 2024 2025" ;;
-  u) for s in 2024 2025; do  # t's later seeds on the cache t filled (the machine kept warm after t)
+  u) export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-qcnet  # t's cache (b44 ran u without this line: 2024 compiled cold)
+     for s in 2024 2025; do  # t's later seeds on the cache t filled (the machine kept warm after t)
        name="qcnet_conv_max_s${s}_warm"; run "$name" 200 $C accel=max seed=$s; curve "$name" $QM; facts "$name"
      done ;;
   *) log "unknown part $PART (a-t)"; exit 2 ;;
