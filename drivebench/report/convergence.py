@@ -1,7 +1,8 @@
 """Convergence runs: a validation metric followed epoch by epoch, compared across settings and seeds.
 
 A run counts here for a target when the target's metric is a validation series it logged at two
-steps or more (validation during training, e.g. ``+experiment=convergence``). Per setting, over its
+steps or more (validation during training, e.g. ``+experiment=convergence``), or at one step for a run
+stopped before its schedule ended. Per setting, over its
 seeds: the final metric (mean, min-max, spread), the time and steps to the target (median over
 seeds), the time-to-target ratio against ``none``, and whether the final metric is "the same" as
 ``none``'s by the rule below.
@@ -174,13 +175,14 @@ def unfollowed_targets(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[
 
 
 def convergence_rows(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) -> pd.DataFrame:
-    """The runs that followed ``target``'s metric over training, with its final value (``final``; NaN for a
+    """The runs that followed ``target``'s metric over training (a run stopped early: from its first validation
+    on, so one cut after it still counts with its floor), with its final value (``final``; NaN for a
     run stopped before its schedule ended: its last validation is not a final) and its training span
     (``training_s``: the floor of its time to target where it did not meet it)."""
     keep, finals, firsts, spans = [], [], [], []
     for index, row in runs.iterrows():
         curve = validation_curve(scalars, row["run_dir"], target.metric)
-        if len(curve) < MIN_POINTS:
+        if len(curve) < (1 if is_stopped(row) else MIN_POINTS):  # a stopped run's one validation was in training
             continue
         keep.append(index)
         finals.append(math.nan if is_stopped(row) else float(curve["value"].iloc[-1]))
