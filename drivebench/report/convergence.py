@@ -285,7 +285,7 @@ def ratio_vs_none(base: pd.Series, row: pd.Series) -> tuple[float, float, float,
     none_all, this_all = base["runs_reached"] == base["runs"], row["runs_reached"] == row["runs"]
     if none_all and this_all:
         # the range over every pairing of a none run with a run of this setting: a median ratio resting on
-        # one early-crossing none run shows here (QCNet, H200: 3.45x median, 2.41x at the worst)
+        # one early-crossing none run shows here (QCNet, H200: 3.34x median, 2.14x at the worst)
         return (_ratio(base["to_target_wall_s_median"], row["to_target_wall_s_median"]),
                 _ratio(base["to_target_wall_s_min"], row["to_target_wall_s_max"]),
                 _ratio(base["to_target_wall_s_max"], row["to_target_wall_s_min"]), "")
