@@ -176,7 +176,7 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
         low, high = fmt(r.get("wall_s_vs_none_min", math.nan)), fmt(r.get("wall_s_vs_none_max", math.nan))
         bound = r.get("wall_s_vs_none_bound")
         if bound in ("at least", "at most"):  # some runs never met it: one side of the ratio only
-            pairs = low if bound == "at least" else high
+            pairs = low if bound == "at least" else high  # compared as shown: one pair prints its figure once
             return (f"{bound} {median} [pairs: {bound} {pairs}x]" if median and pairs and pairs + "x" != median
                     else f"{bound} {median}" if median else "")
         return f"{median} [{low}-{high}]" if median and low and high and low != high else median
