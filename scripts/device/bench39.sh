@@ -90,9 +90,14 @@ NANO="+experiment=convergence model=maptr model.size=nano model.optimizer.lr=2e-
 qcnet_warm() {
   local tag=$1 seeds=$2; shift 2
   cold "qcnet$tag"; run "qcnet_fill$tag" 240 model=qcnet $T accel=max bench.steps=30 "$@"
+  qcnet_seeds "$tag" "$seeds" 160 "$@"
+}
+# qcnet_seeds TAG "SEEDS" CAP OVERRIDES...: one QCNet convergence max run per seed on the cache in use
+qcnet_seeds() {
+  local tag=$1 seeds=$2 cap=$3; shift 3
   for s in $seeds; do
     local name="qcnet_conv_max${tag}_s${s}_warm"
-    run "$name" 160 $C accel=max seed=$s "$@"; curve "$name" $QM; facts "$name"
+    run "$name" "$cap" $C accel=max seed=$s "$@"; curve "$name" $QM; facts "$name"
   done
 }
 case "$PART" in
@@ -130,11 +135,8 @@ case "$PART" in
      run sparsedrive_max 235 model=sparsedrive $T accel=max ;;
   s) run qcnet_conv_none_s2024_alone 570 $C accel=none seed=2024; curve qcnet_conv_none_s2024_alone $QM ;;
   t) qcnet_warm "" "2023 2024 2025" ;;
-  u) export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-qcnet  # t's cache (b44 ran u without this line: 2024 compiled cold)
-     for s in 2024 2025; do  # t's later seeds on the cache t filled (the machine kept warm after t)
-       name="qcnet_conv_max_s${s}_warm"; run "$name" 200 $C accel=max seed=$s; curve "$name" $QM; facts "$name"
-     done ;;
-  *) log "unknown part $PART (a-t)"; exit 2 ;;
+  u) reuse_cache qcnet; qcnet_seeds "" "2024 2025" 200 ;;  # t's cache (b44 ran u without it: 2024 compiled cold)
+  *) log "unknown part $PART (a-u)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"

@@ -87,7 +87,8 @@ report() {
   grep -A12 "^convergence:" "$OUT/report.txt" | tee -a "$OUT/log.txt"
 }
 # cold TAG: an empty Inductor cache of its own for what follows (the run pays a first compile, as a user's first run does)
-cold() { export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-$1; rm -rf "$TORCHINDUCTOR_CACHE_DIR"; }
+reuse_cache() { export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-$1; }  # NAME's Inductor cache, as an earlier call left it
+cold() { reuse_cache "$1"; rm -rf "$TORCHINDUCTOR_CACHE_DIR"; }
 # one_gpu_part PART: how a single-GPU benchN.sh part starts (PART set, the commit logged)
 one_gpu_part() {
   export DRIVEBENCH_EXIT_TIMEOUT_S=20 CUDA_VISIBLE_DEVICES=0 KILL_GRACE=${KILL_GRACE:-20}
