@@ -181,13 +181,14 @@ def convergence_rows(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) 
     (``training_s``: the floor of its time to target where it did not meet it)."""
     keep, finals, firsts, spans = [], [], [], []
     for index, row in runs.iterrows():
-        curve = validation_curve(scalars, row["run_dir"], target.metric)
+        own = scalars[scalars["run_dir"] == row["run_dir"]] if not scalars.empty else scalars
+        curve = validation_curve(own, row["run_dir"], target.metric)
         if len(curve) < (1 if is_stopped(row) else MIN_POINTS):  # a stopped run's one validation was in training
             continue
         keep.append(index)
         finals.append(math.nan if is_stopped(row) else float(curve["value"].iloc[-1]))
         firsts.append(float(curve["step"].iloc[0]))
-        spans.append(_training_span(scalars[scalars["run_dir"] == row["run_dir"]]))
+        spans.append(_training_span(own))
     return runs.loc[keep].assign(final=finals, first_validation_step=firsts, training_s=spans)
 
 
