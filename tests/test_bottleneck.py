@@ -328,3 +328,18 @@ def test_efficiency_above_100_percent_always_carries_a_reason():
     assert B.efficiency_note(s) is None
     table = render_table({"efficiency": 1.2, "efficiency_note": B.efficiency_note({**s, "efficiency": 1.2})})
     assert "120% (above 100%:" in table
+
+
+def test_a_gpu_holding_another_process_memory_is_a_shared_gpu_first():
+    # QCNet none on an H200 beside a second run (b29): NVML 48.4 GiB used, this run reserved 21.5 at most, 97% busy
+    s = gpu_summary(system={"gpu_util_pct": {"median": 97.0}, "gpu_mem_gb": {"median": 48.4}})
+    s["memory"] = {"peak_device_gb": 16.8, "peak_device_reserved_gb": 21.5}
+    verdict = B.diagnose(s)
+    assert verdict["verdict"] == B.SHARED_GPU and "26.9 GiB" in verdict["evidence"] and "97% busy" in verdict["evidence"]
+    assert verdict["also"] == [] and "alone" in verdict["next"]  # device compute, the fallback, is never listed
+    # alone (b38): 21.9 used against 21.5 reserved, the context and library handles: not shared
+    s["train"]["system"]["gpu_mem_gb"]["median"] = 21.9
+    assert B.diagnose(s)["verdict"] == B.DEVICE_COMPUTE and not B.shares_gpu(s)
+    # no NVML memory figure (the CPU): no judgement
+    del s["train"]["system"]["gpu_mem_gb"]
+    assert B.gpu_memory_of_others_gb(s) is None and not B.shares_gpu(s)

@@ -272,3 +272,17 @@ def test_bottleneck_and_an_efficiency_above_100_percent_show_with_their_reasons(
     assert list(table["bottleneck"]) == ["data loading", "CPU oversubscription"]  # none first, in sweep order
     verdicts = bottleneck_table(runs)
     assert verdicts.to_dict("records")[1]["next"] == "accel.threads=auto" and len(verdicts) == 2
+
+
+def test_a_run_that_shared_its_gpu_is_named_in_a_warning(tmp_path):
+    gpu = {"hostname": "h200", "accelerator": "cuda", "gpus": [{"name": "NVIDIA H200"}], "cpu_cores": 16}
+    for name, used in (("alone", 21.9), ("beside", 48.4)):
+        folder = write_run(tmp_path / name, machine=gpu, accel="none" if name == "alone" else "max")
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["train"]["system"] = {"gpu_mem_gb": {"median": used}}
+        summary["memory"] = {"peak_device_reserved_gb": 21.5}
+        (folder / "summary.json").write_text(json.dumps(summary))
+    runset = load_runs([tmp_path])
+    shared = [w for w in runset.warnings if "another process shared the GPU" in w]
+    assert len(shared) == 1 and "beside" in shared[0] and "26.9 GiB" in shared[0]
+    assert sorted(runset.runs["gpu_others_gb"].round(1)) == [0.4, 26.9]

@@ -21,8 +21,9 @@ SYNCHRONISATION = "host-device synchronisation"
 CHECKPOINT_WRITES = "checkpoint writes"
 COMMUNICATION = "communication"
 OVERSUBSCRIPTION = "CPU oversubscription"
+SHARED_GPU = "shared GPU"
 UNDETERMINED = "undetermined"
-VERDICTS = (DATA_LOADING, LAUNCH_OVERHEAD, DEVICE_COMPUTE, SYNCHRONISATION, CHECKPOINT_WRITES, COMMUNICATION,
+VERDICTS = (SHARED_GPU, DATA_LOADING, LAUNCH_OVERHEAD, DEVICE_COMPUTE, SYNCHRONISATION, CHECKPOINT_WRITES, COMMUNICATION,
             OVERSUBSCRIPTION, UNDETERMINED)
 
 # ---- thresholds (docs/summary.md quotes each) ------------------------------------------------------
@@ -38,6 +39,11 @@ SYNC_MIN = 0.20               # share of step time: profile's sync idle, or loop
 GPU_BUSY_MIN = 70.0           # % of time a kernel runs (profile, else NVML median) below this: launch-bound
 CPU_DISPATCH_OPS_MIN = 300    # CPU + profile: aten dispatches per step at least this many ...
 CPU_DISPATCH_US_MAX = 50.0    # ... of at most this many microseconds each: dispatch-bound
+# GiB the GPU held (NVML, every process: the median sample) beyond this run's own peak reservation, above which
+# another process shares the GPU. Our process holds some memory outside PyTorch's allocator (the CUDA context,
+# library handles, loaded kernels, NCCL's buffers): 0.1-1 GiB in the runs on record, so 4 GiB is well clear of it;
+# the QCNet runs on record that shared an H200 showed 22-68 GiB
+SHARED_GPU_GB_MIN = 4.0
 
 
 def _num(value: Any) -> float | None:
@@ -100,6 +106,7 @@ class _Inputs:
         self.profile = summary.get("profile") if (summary.get("profile") or {}).get("steps") else None
         self.world = _get(summary, "ranks", "world_size") or 1
         self.graphs_status = _get(summary, "settings", "cuda_graphs", "status")  # on | off | off: <why>
+        self.gpu_others_gb = gpu_memory_of_others_gb(summary)
 
     # ---- derived figures
     def profile_step_s(self) -> float | None:
@@ -117,8 +124,35 @@ class _Inputs:
         return value / step if value is not None and step else None
 
 
+def gpu_memory_of_others_gb(summary: dict[str, Any]) -> float | None:
+    """GiB the run's GPU held beyond what this run reserved at most: the median NVML sample of the device's used
+    memory (every process) less ``memory.peak_device_reserved_gb`` (this process's allocator). Why: a run beside
+    another process on one GPU shares its kernels' time, and NVML's busy figure counts both (QCNet `none` on an
+    H200 beside a second run: 97% busy, 11.8 samples/s; alone 46% busy, 13.7 samples/s), so its step times and
+    verdict are not the machine's. None where a figure is missing (the CPU, no NVML)."""
+    used = _num(_get(summary, "train", "system", "gpu_mem_gb", "median"))
+    ours = _num(_get(summary, "memory", "peak_device_reserved_gb"))
+    return None if used is None or ours is None else used - ours
+
+
+def shares_gpu(summary: dict[str, Any]) -> bool:
+    """Whether another process held at least ``SHARED_GPU_GB_MIN`` GiB of the run's GPU."""
+    others = gpu_memory_of_others_gb(summary)
+    return others is not None and others >= SHARED_GPU_GB_MIN
+
+
 # ---- the rules: each returns (evidence, next) when it holds, else None -------------------------------
 Rule = Callable[[_Inputs], "tuple[str, str] | None"]
+
+
+def _shared_gpu(x: _Inputs) -> tuple[str, str] | None:
+    if x.gpu_others_gb is None or x.gpu_others_gb < SHARED_GPU_GB_MIN:
+        return None
+    busy = f", and its {x.nvml_busy:.0f}% busy (NVML) counts their kernels too" if x.nvml_busy is not None else ""
+    return (f"the GPU held {x.gpu_others_gb:.1f} GiB beyond this run's own peak reservation (threshold "
+            f"{SHARED_GPU_GB_MIN:g} GiB): another process shared it, so the step times measure both{busy}",
+            "run it alone on its GPU (nvidia-smi lists the processes on it); compare times only between runs "
+            "that had their GPU to themselves")
 
 
 def _data_loading(x: _Inputs) -> tuple[str, str] | None:
@@ -297,8 +331,9 @@ def _device_compute(x: _Inputs) -> tuple[str, str] | None:
     return evidence, "a GPU; on the CPU, torch threads on the free cores (accel.threads)"
 
 
-# first: on an oversubscribed machine every other figure measures waiting for a core as well
+# first: on a shared GPU or an oversubscribed machine every other figure measures the other work as well
 RULES: tuple[tuple[str, Rule], ...] = (
+    (SHARED_GPU, _shared_gpu),
     (OVERSUBSCRIPTION, _oversubscribed),
     (DATA_LOADING, _data_loading),
     (CHECKPOINT_WRITES, _checkpoint_writes),

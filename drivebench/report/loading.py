@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from drivebench.perf.bottleneck import diagnose, efficiency_note
+from drivebench.perf.bottleneck import SHARED_GPU_GB_MIN, diagnose, efficiency_note, gpu_memory_of_others_gb
 from drivebench.perf.compile_cache import compile_cache_state
 from drivebench.report.discovery import RunDir, find_run_dirs
 from drivebench.report.events import read_scalars
@@ -226,6 +226,8 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
         "cpu_workers_pct_median": num(dig(train, "system", "cpu_workers_pct", "median")),
         "peak_device_gb": num(dig(summary, "memory", "peak_device_gb")),
         "peak_device_reserved_gb": num(dig(summary, "memory", "peak_device_reserved_gb")),
+        # GiB its GPU held beyond this run's own peak: another process's where it reaches SHARED_GPU_GB_MIN
+        "gpu_others_gb": num(gpu_memory_of_others_gb(summary)),
         "ckpt_saves": num(dig(summary, "checkpoints", "saves")),
         "ckpt_blocking_s_total": (sum(num(e.get("blocking_s")) for e in ckpt_each if isinstance(e, dict))
                                   if ckpt_each else math.nan),
@@ -316,6 +318,10 @@ def load_runs(dirs: list[Path | str], with_scalars: bool = True) -> RunSet:
                                     dig(summary, "run", "accel")))
             continue
         (stopped if problem is not None else rows).append(row)
+        if row["gpu_others_gb"] >= SHARED_GPU_GB_MIN:  # a summary written before the verdict's rule says it here
+            warnings.append(f"{run.path}: its GPU held {row['gpu_others_gb']:.1f} GiB beyond this run's own peak "
+                            f"reservation: another process shared the GPU, so its times (and time to target) "
+                            f"are not the machine's alone")
         if with_scalars and run.event_files:
             frame, errors = read_scalars(run.event_files)
             warnings.extend(errors)
