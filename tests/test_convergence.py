@@ -411,13 +411,3 @@ def test_bad_target_and_val_batches_are_refused_before_the_run_is_built(driveben
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == [lines[-1]] and lines[-1].startswith("drivebench: error: bench.targets='val/minFDE=2' is not valid")
 
-
-def test_the_convergence_table_counts_the_runs_that_shared_their_gpu():
-    runs, scalars = _runs([("n1", "none", 2023, [9.0, 7.0, 5.8], 90.0), ("n2", "none", 2024, [9.5, 7.5, 5.9], 95.0),
-                           ("m1", "max", 2023, [9.1, 5.7, 5.2], 30.0)])
-    runs = runs.assign(gpu_others_gb=[26.9, 0.4, 0.7])  # n1 beside another process (H200, b29), the others alone
-    targets = with_recorded_targets([], runs)
-    table = convergence_table(analyse(runs, scalars, targets), scalars, targets[0]).set_index("setting")
-    assert table.loc["none", "shared_gpu"] == 1 and table.loc["max", "shared_gpu"] == 0
-    shown = convergence_display(table.reset_index()).set_index("setting")
-    assert shown.loc["none", "reached"] == "2/2 (1 shared the GPU)" and shown.loc["max", "reached"] == "1/1"

@@ -286,3 +286,8 @@ def test_a_run_that_shared_its_gpu_is_named_in_a_warning(tmp_path):
     shared = [w for w in runset.warnings if "another process shared the GPU" in w]
     assert len(shared) == 1 and "beside" in shared[0] and "26.9 GiB" in shared[0]
     assert sorted(runset.runs["gpu_others_gb"].round(1)) == [0.4, 26.9]
+    # a machine of its own: the shared run is compared only with runs that shared theirs (here none: no speedup)
+    machines = dict(zip(runset.runs["accel"], runset.runs["machine"]))
+    assert machines == {"none": "1x NVIDIA H200 @ h200", "max": "1x NVIDIA H200 @ h200, GPU shared"}
+    _, runs = analysed([tmp_path], [])
+    assert math.isnan(runs.set_index("accel").loc["max", "speedup"])

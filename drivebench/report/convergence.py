@@ -36,7 +36,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from drivebench.perf.bottleneck import SHARED_GPU_GB_MIN
 from drivebench.perf.targets import Target
 from drivebench.report.analysis import BASELINE_SETTING, GROUP, add_targets, order_runs, resolve_metric, target_column
 from drivebench.report.events import TRAIN, VALIDATION
@@ -219,7 +218,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
     rows = convergence_rows(runs, scalars, target)
     columns = ["machine", "model", "model_size", "setting", "runs", "seeds", "finals", "final_mean", "final_min",
                "final_max", "final_spread", "reached", "runs_reached", "stopped_before_target",
-               "reached_at_first_validation", "resumed", "shared_gpu",
+               "reached_at_first_validation", "resumed",
                "to_target_wall_s_median", "to_target_steps_median", "compile_s_median", "compile_cache",
                "not_reached_by_s", "wall_s_vs_none", "wall_s_vs_none_min", "wall_s_vs_none_max", "wall_s_vs_none_bound",
                "same_as_none"]
@@ -248,8 +247,6 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             "reached_at_first_validation": int(sum(met_at_first_validation(r, target) for _, r in part.iterrows())),
             # continued from a checkpoint: one run over several processes, its time summed over them
             "resumed": int((part["segments"] > 1).sum()) if "segments" in part else 0,
-            # beside another process on their GPU: their times measure both (the report warns for each)
-            "shared_gpu": int((part["gpu_others_gb"] >= SHARED_GPU_GB_MIN).sum()) if "gpu_others_gb" in part else 0,
             "to_target_wall_s_median": float(reached[wall].median()) if len(reached) else math.nan,
             "to_target_steps_median": float(reached[steps].median()) if len(reached) else math.nan,
             "to_target_wall_s_min": float(reached[wall].min()) if len(reached) else math.nan,

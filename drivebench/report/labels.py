@@ -23,13 +23,16 @@ def hardware_label(machine: dict[str, Any]) -> str:
     return f"CPU ({cpu}, {cores} cores)" if cores else f"CPU ({cpu})"
 
 
-def machine_label(machine: dict[str, Any], profile: str | None) -> str:
-    """Hardware plus where it ran: the named profile (``h200``) or, for ``machine=local``, the host.
+def machine_label(machine: dict[str, Any], profile: str | None, gpu_shared: bool = False) -> str:
+    """Hardware plus where it ran: the named profile (``h200``) or, for ``machine=local``, the host; and
+    ``, GPU shared`` for a run whose GPU another process shared.
 
-    Two nodes of one named profile count as one machine; two local machines stay apart by hostname.
+    Two nodes of one named profile count as one machine; two local machines stay apart by hostname. A run on a
+    shared GPU is a machine of its own: its times measure the other process's work too, so the report compares
+    it only with runs that shared theirs (QCNet `none` on an H200 beside a second run: 11.8 samples/s; alone 13.7-18.4).
     """
     where = profile if profile and profile != LOCAL_PROFILE else (machine.get("hostname") or profile or "?")
-    return f"{hardware_label(machine)} @ {where}"
+    return f"{hardware_label(machine)} @ {where}" + (", GPU shared" if gpu_shared else "")
 
 
 def accel_overrides(overrides: Iterable[str]) -> dict[str, str]:

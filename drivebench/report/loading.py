@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from drivebench.perf.bottleneck import SHARED_GPU_GB_MIN, diagnose, efficiency_note, gpu_memory_of_others_gb
+from drivebench.perf.bottleneck import diagnose, efficiency_note, gpu_memory_of_others_gb, shares_gpu
 from drivebench.perf.compile_cache import compile_cache_state
 from drivebench.report.discovery import RunDir, find_run_dirs
 from drivebench.report.events import read_scalars
@@ -148,7 +148,7 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
         "run_dir": str(run.path),
         "status": r.get("status"),
         "schema_version": summary.get("schema_version"),
-        "machine": machine_label(machine, r.get("machine_profile")),
+        "machine": machine_label(machine, r.get("machine_profile"), gpu_shared=shares_gpu(summary)),
         "hardware": hardware_label(machine),
         "hostname": machine.get("hostname"),
         "machine_profile": r.get("machine_profile"),
@@ -318,10 +318,11 @@ def load_runs(dirs: list[Path | str], with_scalars: bool = True) -> RunSet:
                                     dig(summary, "run", "accel")))
             continue
         (stopped if problem is not None else rows).append(row)
-        if row["gpu_others_gb"] >= SHARED_GPU_GB_MIN:  # a summary written before the verdict's rule says it here
+        if shares_gpu(summary):  # a summary written before the verdict's rule says it here
             warnings.append(f"{run.path}: its GPU held {row['gpu_others_gb']:.1f} GiB beyond this run's own peak "
-                            f"reservation: another process shared the GPU, so its times (and time to target) "
-                            f"are not the machine's alone")
+                            f"reservation: another process shared the GPU, so its times (and time to target) are "
+                            f"not the machine's alone; it is compared only with runs that shared theirs "
+                            f"(machine '..., GPU shared')")
         if with_scalars and run.event_files:
             frame, errors = read_scalars(run.event_files)
             warnings.extend(errors)

@@ -169,9 +169,6 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
         resumed = r.get("resumed", 0)
         if resumed and resumed > 0:
             notes.append(f"{resumed:.0f} resumed, times summed over processes")
-        shared = r.get("shared_gpu", 0)
-        if shared and shared > 0:
-            notes.append(f"{shared:.0f} shared the GPU")
         return f"{r['reached']} ({'; '.join(notes)})" if notes else str(r["reached"])
 
     def vs_none(r: pd.Series) -> str:
