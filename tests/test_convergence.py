@@ -411,3 +411,40 @@ def test_bad_target_and_val_batches_are_refused_before_the_run_is_built(driveben
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == [lines[-1]] and lines[-1].startswith("drivebench: error: bench.targets='val/minFDE=2' is not valid")
 
+
+
+def test_a_convergence_job_killed_without_its_final_summary_still_reports_its_curve(tmp_path, drivebench_cache, capsys):
+    """SIGKILL after the second epoch's validation (what a scheduler does when its grace runs out): the summary
+    written when training started says running; the report lists the run as died, exit 0, and its
+    convergence table follows the validation it logged."""
+    import time
+
+    from drivebench.report.cli import main
+    from drivebench.report.events import read_scalars
+    from test_ckpt_cli_helpers import command, cli_env
+
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(command(["+experiment=convergence", "model=maptr", "seed=2023", "accel=none",
+                                     "trainer.max_epochs=4", "bench.warmup_steps=2", "model.batch_size=2",
+                                     "model.val_batch_size=2", f"hydra.run.dir={run_dir}"]),
+                            cwd=tmp_path, env=cli_env(drivebench_cache), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    frame = pd.DataFrame(columns=["tag"])
+    while (frame["tag"] == "val/loss").sum() < 2:  # two epochs' validations are on disk
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "not two validations within 300 s"
+        time.sleep(0.5)
+        frame, _ = read_scalars(sorted((run_dir / "tb").glob("events.out.tfevents.*")))
+    proc.kill()
+    proc.communicate(timeout=60)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["run"]["status"] == "running" and summary["machine"]["cpu_cores"] and summary["run"]["run_id"]
+    threshold = float(frame.loc[frame["tag"] == "val/loss", "value"].iloc[0])
+    out = tmp_path / "report"
+    assert main([str(run_dir), f"report.out={out}", f"--target=val/loss<={threshold!r}"]) == 0
+    text = capsys.readouterr().out
+    convergence = pd.read_csv(out / "convergence.csv")
+    row = convergence[convergence["target"] == f"val/loss<={threshold!r}"].iloc[0]
+    assert (row["setting"], row["runs"], row["finals"], row["reached"]) == ("none", 1, 0, "1/1")
+    assert "| died |" in (out / "report.md").read_text() and "still says running" in text

@@ -163,7 +163,9 @@ def test_a_failure_after_a_lost_signal_ends_the_run_as_interrupted(tmp_path, cac
     if not signalled:
         with pytest.raises(RuntimeError, match="exited unexpectedly"):
             bench.run(run)
-        assert not (tmp_path / "summary.json").exists()
+        # a failure, not a stop: the summary written when training started says so, with the error's line
+        failed = json.loads((tmp_path / "summary.json").read_text())["run"]
+        assert failed["status"] == "failed" and failed["error"].startswith("RuntimeError: DataLoader worker (pid(s) 4242)")
         return
     with pytest.raises(Interrupted) as stopped:
         bench.run(run)

@@ -41,6 +41,7 @@ from drivebench.schemas import resolve_profile
 from drivebench.schemas import resolve_val_batches as _resolve_val_batches
 from drivebench.secrets import redact, redact_argv
 from drivebench.signals import STOP, Interrupted, StopOnSignal, exit_code, requeue_slurm_job, signal_name
+from drivebench.bench.running_summary import RunningSummary
 from drivebench.perf.bottleneck import diagnose, efficiency_note
 from drivebench.perf.callback import StepTimer
 from drivebench.perf.ceiling import CeilingDataModule, representative_batch
@@ -175,8 +176,9 @@ class TrainBench:
             if stop.message is None:
                 raise self._interrupted(run, logger, summary, stop.signum) from None
             raise
-        except Exception:
+        except Exception as error:
             if STOP.received is None:
+                self._failed(run, summary, error)
                 raise
             # a stop signal came first and its Interrupted was lost: raised inside a hook that ignores
             # exceptions (an at-fork callback while the loader forks its workers); what failed next is its
@@ -255,6 +257,18 @@ class TrainBench:
                 summary["settings"]["fused_optimizer"] = run.fused_optimizer
                 summary["settings"]["activation_checkpointing"] = run.activation_checkpointing  # _adopt_live_knobs'
 
+    def _failed(self, run: Run, summary: dict[str, Any], error: BaseException) -> None:
+        """A run that failed after training started: its ``running`` summary becomes ``failed`` with the error's
+        first line (the report lists it and still follows the validation it logged). Before training nothing
+        was written, and a failure there (a bad value, unreadable data) writes nothing either."""
+        running = getattr(self, "_running", None)
+        if running is None or not running.written:
+            return
+        first_line = (str(error).strip().splitlines() or [""])[0][:300]
+        summary["run"]["error"] = f"{type(error).__name__}: {first_line}" if first_line else type(error).__name__
+        self._finish(run, summary, "failed")
+        write_summary(run.output_dir / "summary.json", summary)
+
     def _interrupted(self, run: Run, logger: Any, summary: dict[str, Any], signum: int) -> Interrupted:
         """The end of a run stopped by ``signum``: the summary (``status: interrupted``, the step reached, the
         final checkpoint), a SLURM requeue when asked for, and the exception whose line the app prints."""
@@ -317,6 +331,8 @@ class TrainBench:
         callbacks.append(RngState())  # RNG states in every checkpoint, restored on resume, also for ckpt=none
         stop = StopOnSignal()  # a stop signal ends training at the next step boundary
         callbacks.append(stop)
+        self._running = RunningSummary(run.output_dir / "summary.json", summary)  # what a killed run leaves
+        callbacks.append(self._running)
         if ckpt is not None:
             callbacks.append(ckpt)
         resume_from = self._resume.path if self._resume is not None else None

@@ -29,6 +29,8 @@ KNOWN_SCHEMA_VERSIONS = (1,)
 COMPLETED = "completed"
 SKIPPED = "skipped"
 INTERRUPTED = "interrupted"
+RUNNING = "running"
+FAILED = "failed"
 
 
 @dataclass
@@ -36,7 +38,7 @@ class Problem:
     """A run the report could not use, and why (shown in report.md and on the terminal)."""
 
     run_dir: Path
-    kind: str  # crashed | unreadable | skipped | interrupted
+    kind: str  # crashed | unreadable | skipped | interrupted | died
     reason: str
     model: str | None = None
     accel: str | None = None
@@ -255,7 +257,8 @@ def _crashed_labels(run: RunDir) -> tuple[str | None, str | None]:
 
 def read_summary(run: RunDir) -> tuple[dict[str, Any] | None, Problem | None]:
     """The run's summary, or the problem that keeps the report from using it; both for a run stopped by
-    a signal (its summary is whole up to the stop: only the convergence tables use it)."""
+    a signal (its summary is whole up to the stop) and for one that died or failed after training started
+    (its summary is the one written then): only the convergence tables use those."""
     model, accel = _crashed_labels(run)
     if run.summary is None:
         why = "no summary.json: the run crashed (or is still running)"
@@ -279,6 +282,16 @@ def read_summary(run: RunDir) -> tuple[dict[str, Any] | None, Problem | None]:
                                 f"throughput tables; validation it logged counts in the convergence tables); "
                                 + ("resume=auto continues it from its checkpoint" if interrupted.get("checkpoint")
                                    else "no checkpoint was written: rerun it to use it"), model, accel)
+    if status == RUNNING:  # written when training started (bench/running_summary.py): the final one never came
+        error = _error_line(run)
+        return summary, Problem(run.path, "died",
+                                "its summary still says running: the process ended during training without writing "
+                                "its final one (killed: SIGKILL after a grace, the OOM killer, a lost node), or it is "
+                                "still running; validation it logged counts in the convergence tables"
+                                + (f"; log: {error}" if error else ""), model, accel)
+    if status == FAILED:  # an error after training started; what it logged before is still a curve
+        return summary, Problem(run.path, "crashed", f"failed during the run: {dig(summary, 'run', 'error')}; "
+                                "validation it logged counts in the convergence tables", model, accel)
     if status != COMPLETED:
         return None, Problem(run.path, "crashed", f"status is {status!r}, not {COMPLETED!r}", model, accel)
     return summary, None
