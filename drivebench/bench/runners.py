@@ -50,7 +50,7 @@ from drivebench.perf.machine import filesystem_of
 from drivebench.perf.profiler import ProfileSteps
 from drivebench.perf.progress import StepProgressBar
 from drivebench.perf.stats import describe
-from drivebench.perf.summary import SCHEMA_VERSION, loss_summary, phase_stats, render_table, write_summary
+from drivebench.perf.summary import FAILED, RUNNING, SCHEMA_VERSION, loss_summary, phase_stats, render_table, write_summary
 from drivebench.perf.system import SystemMonitor
 from drivebench.perf.targets import parse_target
 
@@ -266,7 +266,7 @@ class TrainBench:
             return
         first_line = (str(error).strip().splitlines() or [""])[0][:300]
         summary["run"]["error"] = f"{type(error).__name__}: {first_line}" if first_line else type(error).__name__
-        self._finish(run, summary, "failed")
+        self._finish(run, summary, FAILED)
         write_summary(run.output_dir / "summary.json", summary)
 
     def _interrupted(self, run: Run, logger: Any, summary: dict[str, Any], signum: int) -> Interrupted:
@@ -508,7 +508,7 @@ class TrainBench:
                 "machine_profile": cfg.machine.name, "seed": cfg.seed,
                 "started": dt.datetime.fromtimestamp(run.started).isoformat(timespec="seconds"),
                 "command": " ".join(redact_argv(sys.argv)),
-                "status": "running",
+                "status": RUNNING,
                 "output_dir": str(run.output_dir),
             },
             "machine": {**run.machine.to_dict(), "run_dir_filesystem": filesystem_of(run.output_dir)},

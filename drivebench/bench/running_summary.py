@@ -15,9 +15,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from drivebench.perf.summary import write_summary
-
-RUNNING = "running"
+from drivebench.perf.summary import RUNNING, write_summary
 
 
 class RunningSummary(pl.Callback):

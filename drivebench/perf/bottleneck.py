@@ -132,13 +132,17 @@ def gpu_memory_of_others_gb(summary: dict[str, Any]) -> float | None:
     verdict are not the machine's. None where a figure is missing (the CPU, no NVML)."""
     used = _num(_get(summary, "train", "system", "gpu_mem_gb", "median"))
     ours = _num(_get(summary, "memory", "peak_device_reserved_gb"))
-    return None if used is None or ours is None else used - ours
+    # no reservation recorded (an allocator backend that keeps no such statistic, cudaMallocAsync): no judgement
+    return None if used is None or not ours else used - ours
+
+
+def _beyond_own(others_gb: float | None) -> bool:
+    return others_gb is not None and others_gb >= SHARED_GPU_GB_MIN
 
 
 def shares_gpu(summary: dict[str, Any]) -> bool:
     """Whether another process held at least ``SHARED_GPU_GB_MIN`` GiB of the run's GPU."""
-    others = gpu_memory_of_others_gb(summary)
-    return others is not None and others >= SHARED_GPU_GB_MIN
+    return _beyond_own(gpu_memory_of_others_gb(summary))
 
 
 # ---- the rules: each returns (evidence, next) when it holds, else None -------------------------------
@@ -146,7 +150,7 @@ Rule = Callable[[_Inputs], "tuple[str, str] | None"]
 
 
 def _shared_gpu(x: _Inputs) -> tuple[str, str] | None:
-    if x.gpu_others_gb is None or x.gpu_others_gb < SHARED_GPU_GB_MIN:
+    if not _beyond_own(x.gpu_others_gb):
         return None
     busy = f", and its {x.nvml_busy:.0f}% busy (NVML) counts their kernels too" if x.nvml_busy is not None else ""
     return (f"the GPU held {x.gpu_others_gb:.1f} GiB beyond this run's own peak reservation (threshold "

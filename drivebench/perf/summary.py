@@ -16,6 +16,9 @@ from drivebench.perf.stats import describe
 from drivebench.perf.system import SystemMonitor
 
 SCHEMA_VERSION = 1
+# run.status of a summary written when training starts (bench/running_summary.py) and of one a later error ended
+RUNNING, FAILED = "running", "failed"
+
 _DETAIL_METRIC = re.compile(r"@|^d\d+\.|^AP_")
 LOSS_STEPS = (10, 50, 100, 200, 300, 500, 1000, 2000, 5000, 10000)
 

@@ -20,6 +20,7 @@ import yaml
 
 from drivebench.perf.bottleneck import diagnose, efficiency_note, gpu_memory_of_others_gb, shares_gpu
 from drivebench.perf.compile_cache import compile_cache_state
+from drivebench.perf.summary import FAILED, RUNNING
 from drivebench.report.discovery import RunDir, find_run_dirs
 from drivebench.report.events import read_scalars
 from drivebench.report.labels import (accel_overrides, command_overrides, hardware_label, machine_label,
@@ -29,8 +30,6 @@ KNOWN_SCHEMA_VERSIONS = (1,)
 COMPLETED = "completed"
 SKIPPED = "skipped"
 INTERRUPTED = "interrupted"
-RUNNING = "running"
-FAILED = "failed"
 
 
 @dataclass
