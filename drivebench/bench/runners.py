@@ -36,7 +36,7 @@ from drivebench.ckpt.state import RngState
 from drivebench.data.device_prefetch import DevicePrefetchLoader
 from drivebench.data.epoch_stream import EpochStream
 from drivebench.dist import gather_objects
-from drivebench.errors import ConfigError
+from drivebench.errors import ConfigError, DataError, data_error_in_worker
 from drivebench.schemas import resolve_profile
 from drivebench.schemas import resolve_val_batches as _resolve_val_batches
 from drivebench.secrets import redact, redact_argv
@@ -260,9 +260,14 @@ class TrainBench:
     def _failed(self, run: Run, summary: dict[str, Any], error: BaseException) -> None:
         """A run that failed after training started: its ``running`` summary becomes ``failed`` with the error's
         first line (the report lists it and still follows the validation it logged). Before training nothing
-        was written, and a failure there (a bad value, unreadable data) writes nothing either."""
+        was written; bad input (a bad value, undecodable data) removes what was, here as there."""
         running = getattr(self, "_running", None)
         if running is None or not running.written:
+            return
+        if isinstance(error, (ConfigError, DataError)) or data_error_in_worker(error) is not None:
+            # bad input found mid-run (a file a loader worker cannot decode): its one line is the whole outcome,
+            # as for a value refused before training; no summary stays behind to be taken for a result
+            running.path.unlink(missing_ok=True)
             return
         first_line = (str(error).strip().splitlines() or [""])[0][:300]
         summary["run"]["error"] = f"{type(error).__name__}: {first_line}" if first_line else type(error).__name__

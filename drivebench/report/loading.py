@@ -289,8 +289,9 @@ def read_summary(run: RunDir) -> tuple[dict[str, Any] | None, Problem | None]:
                                 "still running; validation it logged counts in the convergence tables"
                                 + (f"; log: {error}" if error else ""), model, accel)
     if status == FAILED:  # an error after training started; what it logged before is still a curve
-        return summary, Problem(run.path, "crashed", f"failed during the run: {dig(summary, 'run', 'error')}; "
-                                "validation it logged counts in the convergence tables", model, accel)
+        error = dig(summary, "run", "error")
+        return summary, Problem(run.path, "crashed", f"status 'failed'" + (f": {error}" if error else "")
+                                + "; validation it logged counts in the convergence tables", model, accel)
     if status != COMPLETED:
         return None, Problem(run.path, "crashed", f"status is {status!r}, not {COMPLETED!r}", model, accel)
     return summary, None
