@@ -139,6 +139,7 @@ class TrainBench:
         logger = run.logger()
         dm = run.datamodule
         self.stopped: dict[str, Any] | None = None  # training stopped on a signal (StopOnSignal's record)
+        self._running: RunningSummary | None = None  # the summary written when training starts
         self._trainer: pl.Trainer | None = None
         self._phase = "set-up"
         trained_step = 0  # the global step of the weights after training (validation logs there)
@@ -261,7 +262,7 @@ class TrainBench:
         """A run that failed after training started: its ``running`` summary becomes ``failed`` with the error's
         first line (the report lists it and still follows the validation it logged). Before training nothing
         was written; bad input (a bad value, undecodable data) removes what was, here as there."""
-        running = getattr(self, "_running", None)
+        running = self._running
         if running is None or not running.written:
             return
         if isinstance(error, (ConfigError, DataError)) or data_error_in_worker(error) is not None:
