@@ -273,7 +273,7 @@ class TrainBench:
         first_line = (str(error).strip().splitlines() or [""])[0][:300]
         summary["run"]["error"] = f"{type(error).__name__}: {first_line}" if first_line else type(error).__name__
         self._finish(run, summary, FAILED)
-        write_summary(run.output_dir / "summary.json", summary)
+        write_summary(running.path, summary)
 
     def _interrupted(self, run: Run, logger: Any, summary: dict[str, Any], signum: int) -> Interrupted:
         """The end of a run stopped by ``signum``: the summary (``status: interrupted``, the step reached, the

@@ -15,7 +15,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from drivebench.perf.summary import RUNNING, write_summary
+from drivebench.perf.summary import write_summary
 
 
 class RunningSummary(pl.Callback):
@@ -29,5 +29,5 @@ class RunningSummary(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero and not self.written:
-            write_summary(self.path, {**self.summary, "run": {**self.summary["run"], "status": RUNNING}})
+            write_summary(self.path, self.summary)  # its run.status is RUNNING until the bench finishes it
             self.written = True

@@ -144,12 +144,13 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
         phase, throughput = None, {}
 
     verdict = summary.get("bottleneck") if isinstance(summary.get("bottleneck"), dict) else diagnose(summary)
+    gpu_shared = shares_gpu(summary)  # a machine of its own in every comparison (labels.machine_label)
     ckpt_each = dig(summary, "checkpoints", "each") or []
     row: dict[str, Any] = {
         "run_dir": str(run.path),
         "status": r.get("status"),
         "schema_version": summary.get("schema_version"),
-        "machine": machine_label(machine, r.get("machine_profile"), gpu_shared=shares_gpu(summary)),
+        "machine": machine_label(machine, r.get("machine_profile"), gpu_shared=gpu_shared),
         "hardware": hardware_label(machine),
         "hostname": machine.get("hostname"),
         "machine_profile": r.get("machine_profile"),
@@ -229,6 +230,7 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
         "peak_device_reserved_gb": num(dig(summary, "memory", "peak_device_reserved_gb")),
         # GiB its GPU held beyond this run's own peak: another process's where it reaches SHARED_GPU_GB_MIN
         "gpu_others_gb": num(gpu_memory_of_others_gb(summary)),
+        "gpu_shared": gpu_shared,
         "ckpt_saves": num(dig(summary, "checkpoints", "saves")),
         "ckpt_blocking_s_total": (sum(num(e.get("blocking_s")) for e in ckpt_each if isinstance(e, dict))
                                   if ckpt_each else math.nan),
@@ -331,7 +333,7 @@ def load_runs(dirs: list[Path | str], with_scalars: bool = True) -> RunSet:
                                     dig(summary, "run", "accel")))
             continue
         (stopped if problem is not None else rows).append(row)
-        if shares_gpu(summary):  # a summary written before the verdict's rule says it here
+        if row["gpu_shared"]:  # a summary written before the verdict's rule says it here
             warnings.append(f"{run.path}: its GPU held {row['gpu_others_gb']:.1f} GiB beyond this run's own peak "
                             f"reservation: another process shared the GPU, so its times (and time to target) are "
                             f"not the machine's alone; it is compared only with runs that shared theirs "
