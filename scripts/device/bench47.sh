@@ -3,6 +3,8 @@
 # device-side assert (nll_loss2d: target out of range) in its first validation (b47 call j, H100). Which op, and is
 # it max's? One epoch of 12 training steps then the whole val split, as the convergence experiment validates:
 #   a  max with CUDA_LAUNCH_BLOCKING=1 (the traceback names the op), none, then max again without it (a race?)
+#   b  after the fix (torchvision's decode given outputs of a stream of its own): the hazard counted with torchvision
+#      alone and through drivebench's decode, the GPU tests of the decode, then max again without CUDA_LAUNCH_BLOCKING
 #   LIMIT=450 bash scripts/device/bench47.sh a > /dev/null 2>&1; tail -c 9000 $OUT/log.txt
 export LIMIT=${LIMIT:-450}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
@@ -17,6 +19,9 @@ case "$PART" in
      CUDA_LAUNCH_BLOCKING=1 run gf_max_blocking 200 $SHORT accel=max; where gf_max_blocking; curve gf_max_blocking val/miou_present
      run gf_none 120 $SHORT accel=none; where gf_none; curve gf_none val/miou_present
      run gf_max 120 $SHORT accel=max; where gf_max; curve gf_max val/miou_present ;;
-  *) log "unknown part $PART (a)"; exit 2 ;;
+  b) python3 tests/test_device_decode_gpu.py 2>&1 | tail -3 | tee -a "$OUT/log.txt"
+     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_device_decode_gpu.py 2>&1 | tail -3 | tee -a "$OUT/log.txt"
+     cold gf-diag; run gf_max_fixed 230 $SHORT accel=max; where gf_max_fixed; curve gf_max_fixed val/miou_present ;;
+  *) log "unknown part $PART (a, b)"; exit 2 ;;
 esac
 log "part $PART done in $(( $(date +%s) - START ))s"

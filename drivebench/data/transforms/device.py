@@ -96,6 +96,35 @@ def normalize(x: torch.Tensor, mean, std, to_rgb: bool = True) -> torch.Tensor:
     return (x - mean_t) * stdinv
 
 
+_DECODE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _nvjpeg_decode(flat: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """torchvision's batched nvJPEG decode, with its outputs taken from a stream of their own.
+
+    torchvision allocates the outputs on the caller's current stream and decodes on a private stream
+    that does not wait for the caller's: the caching allocator may hand it a block that kernels still
+    queued on the training stream will read (a tensor of the last step, freed on that stream), and
+    nvJPEG overwrites it first (pytorch/vision PR 9606; a device-side assert in GaussianFormer's
+    validation loss on an H100, experiments/results/h100-2026-12-06-b47). Allocated under a decode
+    stream, the outputs come from that stream's blocks only; ``record_stream`` keeps each one from
+    being handed out again until the work queued on the current stream at its free has run. No host sync.
+    """
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    consumer = torch.cuda.current_stream(index)
+    stream = _DECODE_STREAMS.get(index)
+    if stream is None:
+        stream = _DECODE_STREAMS[index] = torch.cuda.Stream(index)
+    with torch.cuda.stream(stream):
+        decoded = decode_jpeg(flat, mode=ImageReadMode.RGB, device=device)  # ready on `stream` at return
+    consumer.wait_stream(stream)
+    for image in decoded:
+        image.record_stream(consumer)
+    return decoded
+
+
 def decode_jpeg_batch(jpegs: list[list[torch.Tensor]], device: torch.device | str) -> torch.Tensor:
     """B lists of N JPEG byte tensors -> (B, N, 3, H, W) uint8 BGR; batched nvjpeg on CUDA."""
     from torchvision.io import ImageReadMode, decode_jpeg
@@ -104,7 +133,7 @@ def decode_jpeg_batch(jpegs: list[list[torch.Tensor]], device: torch.device | st
     # (a CUDA copy here would be moved back, a sync per tensor)
     flat = [(t if t.device.type == "cpu" else t.cpu()).to(torch.uint8) for views in jpegs for t in views]
     device = torch.device(device)
-    decoded = decode_jpeg(flat, mode=ImageReadMode.RGB, device=device) if device.type == "cuda" else [
+    decoded = _nvjpeg_decode(flat, device) if device.type == "cuda" else [
         decode_jpeg(t, mode=ImageReadMode.RGB) for t in flat]
     shapes = {tuple(d.shape) for d in decoded}
     if len(shapes) > 1:
