@@ -48,13 +48,6 @@ def test_decode_leaves_memory_of_queued_reads_alone():
     assert _corrupted_reductions(lambda jpegs: device.decode_jpeg_batch(jpegs, "cuda")) == 0
 
 
-def test_decoded_pixels_match_the_cpu_decode():
-    jpegs = [[_jpeg()] * 2]
-    on_gpu = device.decode_jpeg_batch(jpegs, "cuda").cpu().float()
-    on_cpu = device.decode_jpeg_batch(jpegs, "cpu").float()
-    assert (on_gpu - on_cpu).abs().mean().item() < 1.0  # two JPEG decoders: rounding differences at most
-
-
 def torchvision_alone(jpegs: list[list[torch.Tensor]]) -> torch.Tensor:
     """torchvision's decode as drivebench called it before 2026-12-06 (for the script below)."""
     from torchvision.io import ImageReadMode, decode_jpeg
