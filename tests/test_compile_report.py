@@ -105,5 +105,9 @@ def test_the_compile_report_counts_recompiles_and_says_why():
     assert frame["recompiles"] == 3 and len(frame["reasons"]) == 3
     assert "size mismatch" in frame["reasons"][0] and "autocast" in frame["reasons"][1]
     assert "stride mismatch" in frame["reasons"][2]
-    assert len(compile_report()["compile_s"]["each_frame"]) == 4  # the first compilation and the three again
+    compile_s = compile_report()["compile_s"]
+    assert len(compile_s["each_frame"]) == 4  # the first compilation and the three again
+    # where the frames' seconds went: tracing and guards inside each frame's compilation
+    phases = compile_s["phases"]
+    assert 0 < phases["dynamo_tracing"] <= compile_s["frames"] and 0 < phases["guards"] <= compile_s["frames"]
     torch._dynamo.reset()

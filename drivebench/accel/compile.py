@@ -138,11 +138,18 @@ def recompile_report() -> dict[str, Any]:
 # backward graphs compiled at their first backward, and inside those Inductor's share
 _FRAME_TIMER, _LAZY_BACKWARD_TIMER, _INDUCTOR_TIMER = (
     "_compile.compile_inner", "backward._backward_impl", "compile_fx_inner")
+# inside the frames' seconds, where a warm start goes (a warm QCNet start on an H200 still took 18.7 s
+# with every graph from the caches): dynamo's bytecode tracing, its guards, the backend call (AOTAutograd and
+# Inductor: cache keys, lookups and loads on a hit, the compilation on a miss), and within that the loads
+# of cached graphs and of their generated modules (nested timers: the phases overlap, they do not add up)
+_PHASE_TIMERS = (("dynamo_tracing", "bytecode_tracing"), ("guards", "build_guards"),
+                 ("backend", "OutputGraph.call_user_compiler"), ("cached_graph_loads", "AOTAutogradCache.inductor_load"),
+                 ("module_loads", "PyCodeCache.load_by_key_path"))
 
 
 def compile_time_report(counters: Any) -> dict[str, Any]:
-    """``compile_s`` {total, frames, lazy_backward, inductor} and the FX-graph and AOTAutograd caches' hits
-    and misses; empty where this torch keeps neither timers nor cache counters."""
+    """``compile_s`` {total, frames, lazy_backward, inductor, each_frame, phases} and the FX-graph and AOTAutograd
+    caches' hits and misses; empty where this torch keeps neither timers nor cache counters."""
     try:
         from torch._dynamo.utils import compilation_time_metrics as timers
     except Exception:
@@ -151,7 +158,9 @@ def compile_time_report(counters: Any) -> dict[str, Any]:
                (("frames", _FRAME_TIMER), ("lazy_backward", _LAZY_BACKWARD_TIMER), ("inductor", _INDUCTOR_TIMER))}
     report: dict[str, Any] = {"compile_s": {"total": round(seconds["frames"] + seconds["lazy_backward"], 2), **seconds,
                                             # each frame compilation in order, recompiles included: which one cost
-                                            "each_frame": [round(float(t), 2) for t in timers.get(_FRAME_TIMER, ())]}}
+                                            "each_frame": [round(float(t), 2) for t in timers.get(_FRAME_TIMER, ())],
+                                            "phases": {name: round(float(sum(timers[timer])), 2)
+                                                       for name, timer in _PHASE_TIMERS if timer in timers}}}
     inductor, aot = counters.get("inductor", {}), counters.get("aot_autograd", {})
     report["fx_graph_cache"] = {"hits": int(inductor.get("fxgraph_cache_hit", 0)),
                                 "misses": int(inductor.get("fxgraph_cache_miss", 0))}
