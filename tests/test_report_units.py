@@ -291,3 +291,22 @@ def test_a_run_that_shared_its_gpu_is_named_in_a_warning(tmp_path):
     assert machines == {"none": "1x NVIDIA H200 @ h200", "max": "1x NVIDIA H200 @ h200, GPU shared"}
     _, runs = analysed([tmp_path], [])
     assert math.isnan(runs.set_index("accel").loc["max", "speedup"])
+
+
+def test_a_run_that_decoded_on_the_gpu_before_the_decode_stream_is_named_in_a_warning(tmp_path):
+    """A summary listing the device decode on a GPU without ``settings.device_decode`` was written before the
+    decode took a stream of its own: the report says its numbers are not evidence; a CPU run or a newer run is not named."""
+    gpu = {"hostname": "h100", "accelerator": "cuda", "gpus": [{"name": "NVIDIA H100"}], "cpu_cores": 16}
+    decode = "device_transform=decode (nvjpeg decode and bilinear warps differ from the CPU path in the last bits)"
+    for name, machine, guarded in (("before", gpu, False), ("after", gpu, True), ("cpu", CPU, False)):
+        folder = write_run(tmp_path / name, machine=machine, model="maptr", accel="max")
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["settings"]["numerics_changed_by"] = ["compile", decode]
+        if guarded:
+            summary["settings"]["device_decode"] = {"outputs": "a decode stream of their own (since 2026-12-06)"}
+        (folder / "summary.json").write_text(json.dumps(summary))
+    runset = load_runs([tmp_path])
+    named = [w for w in runset.warnings if "decoded its JPEGs on the GPU" in w]
+    assert len(named) == 1 and named[0].startswith(str(tmp_path / "before"))
+    flags = dict(zip(runset.runs["run_dir"].map(lambda p: Path(p).name), runset.runs["gpu_decode_unguarded"]))
+    assert flags == {"before": True, "after": False, "cpu": False}

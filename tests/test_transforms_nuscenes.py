@@ -382,3 +382,20 @@ def test_augmentation_follows_the_epoch_that_comes_with_the_index(root, index):
     np.testing.assert_equal(params(SampleKey(2, 0)), e0)
     assert not np.array_equal(params(SampleKey(2, 1)), e0)
     np.testing.assert_equal(params(2), e0)  # a plain index: the epoch of set_epoch (0)
+
+
+def test_a_run_that_decodes_on_the_device_records_the_decode_in_its_summary(tmp_path, drivebench_cache):
+    """``settings.device_decode`` tells the report that this run's decode had a stream of its own (runs without it,
+    on a GPU, decoded under torchvision's memory hazard); ``accel.device_transform=decode`` runs on the CPU too."""
+    import json
+
+    from conftest import run_cli
+
+    out = tmp_path / "run"
+    result = run_cli(["model=maptr", "model.size=test", "data.size=mini", "accel=none", "accel.device_transform=decode",
+                      "bench.ceiling=false", "bench.val_batches=0", "bench.warmup_steps=1", "bench.steps=2", "ckpt=none",
+                      f"hydra.run.dir={out}"], drivebench_cache, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    settings = json.loads((out / "summary.json").read_text())["settings"]
+    assert settings["device_decode"] == device.DEVICE_DECODE
+    assert any(change.startswith("device_transform=decode") for change in settings["numerics_changed_by"])

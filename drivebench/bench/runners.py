@@ -34,6 +34,7 @@ from drivebench.ckpt.identity import RunIdentity
 from drivebench.ckpt.resume import ResumePlan, check_model_fits, resolve_resume
 from drivebench.ckpt.state import RngState
 from drivebench.data.device_prefetch import DevicePrefetchLoader
+from drivebench.data.transforms.device import DEVICE_DECODE
 from drivebench.data.epoch_stream import EpochStream
 from drivebench.dist import gather_objects
 from drivebench.errors import ConfigError, DataError, data_error_in_worker
@@ -498,10 +499,14 @@ class TrainBench:
 
     # ---- summary head ------------------------------------------------------------------------
     @staticmethod
-    def _numerics_changes(run: Run) -> list[str]:
+    def _decodes_on_device(run: Run) -> bool:
+        return run.datamodule.device_transform is not None and hasattr(
+            run.datamodule.transform, "device_transform_for")  # a camera pipeline's decode
+
+    @classmethod
+    def _numerics_changes(cls, run: Run) -> list[str]:
         return run.accel.numerics_changes(
-            compiles=bool(run.compiled_units), decodes_on_device=run.datamodule.device_transform is not None
-            and hasattr(run.datamodule.transform, "device_transform_for"),  # a camera pipeline's decode
+            compiles=bool(run.compiled_units), decodes_on_device=cls._decodes_on_device(run),
         ) + (run.threads.numerics_changes() if run.threads is not None else [])
 
     def _base_summary(self, run: Run) -> dict[str, Any]:
@@ -521,6 +526,9 @@ class TrainBench:
             "settings": {
                 "accel": run.accel.to_dict(),
                 "numerics_changed_by": self._numerics_changes(run),
+                # the report tells runs decoded on the GPU before the decode took a stream of its own
+                **({"device_decode": DEVICE_DECODE} if run.accel.device_transform == "decode"
+                   and self._decodes_on_device(run) else {}),
                 "cuda_graphs": {"status": run.cuda_graphs},
                 "fused_optimizer": run.fused_optimizer,
                 "activation_checkpointing": run.activation_checkpointing,

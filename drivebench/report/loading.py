@@ -231,6 +231,7 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
         # GiB its GPU held beyond this run's own peak: another process's where it reaches SHARED_GPU_GB_MIN
         "gpu_others_gb": num(gpu_memory_of_others_gb(summary)),
         "gpu_shared": gpu_shared,
+        "gpu_decode_unguarded": gpu_decode_unguarded(summary),
         "ckpt_saves": num(dig(summary, "checkpoints", "saves")),
         "ckpt_blocking_s_total": (sum(num(e.get("blocking_s")) for e in ckpt_each if isinstance(e, dict))
                                   if ckpt_each else math.nan),
@@ -307,6 +308,15 @@ def _short_names(paths: list[str]) -> list[str]:
     return [os.path.relpath(p, common) for p in paths]
 
 
+def gpu_decode_unguarded(summary: dict[str, Any]) -> bool:
+    """A camera-model run that decoded JPEGs on a GPU before the decode took a stream of its own: its summary lists
+    the device decode among the numerics changes but has no ``settings.device_decode``."""
+    changes = dig(summary, "settings", "numerics_changed_by") or []
+    decoded = any(str(change).startswith("device_transform=decode") for change in changes)
+    return bool(decoded and dig(summary, "machine", "accelerator") == "cuda"
+                and not dig(summary, "settings", "device_decode"))
+
+
 def load_runs(dirs: list[Path | str], with_scalars: bool = True) -> RunSet:
     """Every run under ``dirs`` as a :class:`RunSet` (raises only when there is no run at all)."""
     run_dirs = find_run_dirs([Path(d) for d in dirs])
@@ -338,6 +348,11 @@ def load_runs(dirs: list[Path | str], with_scalars: bool = True) -> RunSet:
                             f"reservation: another process shared the GPU, so its times (and time to target) are "
                             f"not the machine's alone; it is compared only with runs that shared theirs "
                             f"(machine '..., GPU shared')")
+        if row["gpu_decode_unguarded"]:
+            warnings.append(f"{run.path}: decoded its JPEGs on the GPU before drivebench gave torchvision's nvJPEG "
+                            f"decode a stream of its own (2026-12-06), when the decode could overwrite memory that "
+                            f"queued kernels still read (wrong values, NaNs or a device-side assert: docs/accel.md): "
+                            f"its losses and metrics are not evidence until it is run again")
         if with_scalars and run.event_files:
             frame, errors = read_scalars(run.event_files)
             warnings.extend(errors)

@@ -97,6 +97,9 @@ def normalize(x: torch.Tensor, mean, std, to_rgb: bool = True) -> torch.Tensor:
 
 
 _DECODE_STREAMS: dict[int, torch.cuda.Stream] = {}
+# what a run's summary records of its device decode (``settings.device_decode``): runs without it decoded on
+# the GPU into blocks that queued kernels could still read (the report warns of each)
+DEVICE_DECODE = {"outputs": "a decode stream of their own (since 2026-12-06)"}
 
 
 def _nvjpeg_decode(flat: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
