@@ -191,6 +191,11 @@ class AccelSettings:
             auto_in_run=cfg.get("auto_in_run", "auto"),
         )
 
+    def decodes_jpegs(self, decodes_on_device: bool | None = None) -> bool:
+        """Whether JPEGs are decoded on the device: the knob says ``decode`` and the pipeline has images to decode
+        (``decodes_on_device``; None: as the knob says)."""
+        return self.device_transform == "decode" and decodes_on_device is not False
+
     def numerics_changes(self, compiles: bool | None = None, decodes_on_device: bool | None = None) -> list[str]:
         """Knobs in effect that change the arithmetic (not only where/when work happens).
 
@@ -211,7 +216,7 @@ class AccelSettings:
         if self.cuda_graphs == "on":
             changes.append("cuda_graphs (batches padded to a few shapes: the same loss up to summation order; "
                            "dropout masks drawn over the padded tensors)")
-        if self.device_transform == "decode" and decodes_on_device is not False:
+        if self.decodes_jpegs(decodes_on_device):
             changes.append("device_transform=decode (nvjpeg decode and bilinear warps differ from the CPU path "
                            "in the last bits)")
         return changes

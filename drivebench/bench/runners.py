@@ -34,8 +34,8 @@ from drivebench.ckpt.identity import RunIdentity
 from drivebench.ckpt.resume import ResumePlan, check_model_fits, resolve_resume
 from drivebench.ckpt.state import RngState
 from drivebench.data.device_prefetch import DevicePrefetchLoader
-from drivebench.data.transforms.device import DEVICE_DECODE
 from drivebench.data.epoch_stream import EpochStream
+from drivebench.data.transforms.device import DEVICE_DECODE
 from drivebench.dist import gather_objects
 from drivebench.errors import ConfigError, DataError, data_error_in_worker
 from drivebench.schemas import resolve_profile
@@ -527,8 +527,7 @@ class TrainBench:
                 "accel": run.accel.to_dict(),
                 "numerics_changed_by": self._numerics_changes(run),
                 # the report tells runs decoded on the GPU before the decode took a stream of its own
-                **({"device_decode": DEVICE_DECODE} if run.accel.device_transform == "decode"
-                   and self._decodes_on_device(run) else {}),
+                **({"device_decode": DEVICE_DECODE} if run.accel.decodes_jpegs(self._decodes_on_device(run)) else {}),
                 "cuda_graphs": {"status": run.cuda_graphs},
                 "fused_optimizer": run.fused_optimizer,
                 "activation_checkpointing": run.activation_checkpointing,
