@@ -178,8 +178,11 @@ def convergence_rows(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) 
     """The runs that followed ``target``'s metric over training (a run stopped early: from its first validation
     on, so one cut after it still counts with its floor), with its final value (``final``; NaN for a
     run stopped before its schedule ended: its last validation is not a final) and its training span
-    (``training_s``: the floor of its time to target where it did not meet it)."""
-    keep, finals, firsts, spans = [], [], [], []
+    (``training_s``: the floor of its time to target where it did not meet it), and its pace: the seconds to its
+    first validation (``first_validation_s``: one-time costs such as compiling are in it) and the median seconds
+    between its later validations (``between_validations_s``: an epoch and its validation where it validates
+    every epoch), so a short schedule's ratio can be read against what a longer one approaches."""
+    keep, finals, firsts, spans, first_s, between_s = [], [], [], [], [], []
     for index, row in runs.iterrows():
         own = scalars[scalars["run_dir"] == row["run_dir"]] if not scalars.empty else scalars
         curve = validation_curve(own, row["run_dir"], target.metric)
@@ -189,7 +192,11 @@ def convergence_rows(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) 
         finals.append(math.nan if is_stopped(row) else float(curve["value"].iloc[-1]))
         firsts.append(float(curve["step"].iloc[0]))
         spans.append(_training_span(own))
-    return runs.loc[keep].assign(final=finals, first_validation_step=firsts, training_s=spans)
+        first_s.append(float(curve["elapsed_s"].iloc[0]))
+        gaps = curve["elapsed_s"].diff().dropna()
+        between_s.append(float(gaps.median()) if len(gaps) else math.nan)
+    return runs.loc[keep].assign(final=finals, first_validation_step=firsts, training_s=spans,
+                                 first_validation_s=first_s, between_validations_s=between_s)
 
 
 def met_at_first_validation(row: pd.Series, target: Target) -> bool:
@@ -221,6 +228,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
                "reached_at_first_validation", "resumed",
                "to_target_wall_s_median", "to_target_steps_median", "compile_s_median", "compile_cache",
                "not_reached_by_s", "wall_s_vs_none", "wall_s_vs_none_min", "wall_s_vs_none_max", "wall_s_vs_none_bound",
+               "first_validation_s_median", "between_validations_s_median", "between_validations_vs_none",
                "same_as_none"]
     if rows.empty:
         return pd.DataFrame(columns=columns)
@@ -258,6 +266,9 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             # the one-time cost inside those seconds (a cold compile decides a short schedule)
             "compile_s_median": float(part["compile_s"].median()) if "compile_s" in part else math.nan,
             "compile_cache": (",".join(sorted(set(part["compile_cache"].dropna()))) or None) if "compile_cache" in part else None,
+            # the pace: to the first validation (the one-time start in it), then between validations
+            "first_validation_s_median": float(part["first_validation_s"].median()),
+            "between_validations_s_median": float(part["between_validations_s"].median()),
         })
     table = pd.DataFrame(out)
     for _, part in table.groupby(GROUP, dropna=False, sort=False):
@@ -268,6 +279,9 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
                 table.loc[index, "same_as_none"] = "no none run"
                 continue
             b = base.iloc[0]
+            # what a schedule long enough to bury the one-time start approaches (the same validation interval)
+            table.loc[index, "between_validations_vs_none"] = _ratio(b["between_validations_s_median"],
+                                                                     row["between_validations_s_median"])
             ratios = ratio_vs_none(b, row)
             for key, value in zip(("wall_s_vs_none", "wall_s_vs_none_min", "wall_s_vs_none_max", "wall_s_vs_none_bound"),
                                   ratios):

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from drivebench.report.analysis import Target, target_column
+from drivebench.report.analysis import BASELINE_SETTING, Target, target_column
 from drivebench.report.loading import Problem
 
 _AUX_METRIC = re.compile(r"@|^d\d+\.")  # per-threshold and per-decoder-layer figures: CSV only
@@ -186,6 +186,14 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
         cache = r.get("compile_cache")
         return f"{seconds} ({cache} cache)" if seconds and isinstance(cache, str) and cache else seconds or "-"
 
+    def pace(r: pd.Series) -> str:
+        first = fmt(r.get("first_validation_s_median", math.nan), unit=" s")
+        between = fmt(r.get("between_validations_s_median", math.nan), unit=" s")
+        if not (first and between):
+            return first or "-"
+        ratio = fmt(r.get("between_validations_vs_none", math.nan), unit="x")
+        return f"{first}, then every {between}" + (f" ({ratio})" if ratio and r["setting"] != BASELINE_SETTING else "")
+
     return pd.DataFrame({
         "machine": table["machine"], "model": table["model"].astype(str) + " (" + table["model_size"].astype(str) + ")",
         "setting": table["setting"], "seeds": table["seeds"],
@@ -195,6 +203,7 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
         "to target (median over seeds)": [to_target(r) for _, r in table.iterrows()],
         "of which compiling": [compiling(r) for _, r in table.iterrows()],
         "time to target, none / this [over pairs of runs]": [vs_none(r) for _, r in table.iterrows()],
+        "first validation, then between validations (none / this)": [pace(r) for _, r in table.iterrows()],
         "final within the seed spread of none": table["same_as_none"],
     }).reset_index(drop=True)
 
