@@ -21,6 +21,8 @@ PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "auto-bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MAX_LOADER_WORKERS = 16
 DEVICE_TRANSFORMS = ("off", "images", "decode")
+# how the device decode opens its entry in ``settings.numerics_changed_by`` (the report reads summaries by it)
+DECODE_CHANGE = "device_transform=decode"
 CUDA_GRAPHS = ("off", "on", "auto")
 ACTIVATION_CHECKPOINTING = ("keep", "off", "auto")
 # auto turns a model's backbone checkpointing off where the activations it would drop (measured on
@@ -217,7 +219,7 @@ class AccelSettings:
             changes.append("cuda_graphs (batches padded to a few shapes: the same loss up to summation order; "
                            "dropout masks drawn over the padded tensors)")
         if self.decodes_jpegs(decodes_on_device):
-            changes.append("device_transform=decode (nvjpeg decode and bilinear warps differ from the CPU path "
+            changes.append(f"{DECODE_CHANGE} (nvjpeg decode and bilinear warps differ from the CPU path "
                            "in the last bits)")
         return changes
 

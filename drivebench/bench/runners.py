@@ -30,6 +30,7 @@ from drivebench.accel.compile import compile_report
 from drivebench.accel.gc_freeze import FreezeHeap
 from drivebench.app import Run, build
 from drivebench.bench.phase_logger import CEILING, FIT, VALIDATE, phase_logger
+from drivebench.bench.running_summary import RunningSummary
 from drivebench.ckpt.identity import RunIdentity
 from drivebench.ckpt.resume import ResumePlan, check_model_fits, resolve_resume
 from drivebench.ckpt.state import RngState
@@ -42,7 +43,6 @@ from drivebench.schemas import resolve_profile
 from drivebench.schemas import resolve_val_batches as _resolve_val_batches
 from drivebench.secrets import redact, redact_argv
 from drivebench.signals import STOP, Interrupted, StopOnSignal, exit_code, requeue_slurm_job, signal_name
-from drivebench.bench.running_summary import RunningSummary
 from drivebench.perf.bottleneck import diagnose, efficiency_note
 from drivebench.perf.callback import StepTimer
 from drivebench.perf.ceiling import CeilingDataModule, representative_batch

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from drivebench.accel.settings import DECODE_CHANGE
 from drivebench.perf.bottleneck import diagnose, efficiency_note, gpu_memory_of_others_gb, shares_gpu
 from drivebench.perf.compile_cache import compile_cache_state
 from drivebench.perf.summary import FAILED, RUNNING
@@ -312,7 +313,7 @@ def gpu_decode_unguarded(summary: dict[str, Any]) -> bool:
     """A camera-model run that decoded JPEGs on a GPU before the decode took a stream of its own: its summary lists
     the device decode among the numerics changes but has no ``settings.device_decode``."""
     changes = dig(summary, "settings", "numerics_changed_by") or []
-    decoded = any(str(change).startswith("device_transform=decode") for change in changes)
+    decoded = any(str(change).startswith(DECODE_CHANGE) for change in changes)
     return bool(decoded and dig(summary, "machine", "accelerator") == "cuda"
                 and not dig(summary, "settings", "device_decode"))
 
