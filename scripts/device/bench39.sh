@@ -65,15 +65,6 @@ C=$QCNET_CONV QM=$QCNET_METRICS T=$TRAIN_ONLY
 # conv_none MODEL METRICS...: its convergence run at none, seed 2023, alone in the call; conv_max: max, two seeds, one cold cache
 # (RECIPE: extra overrides of the model's convergence recipe, e.g. GaussianFormer's learning rate)
 conv_none() { run "$1_conv_none_s2023" 560 +experiment=convergence model="$1" ${RECIPE:-} accel=none seed=2023; curve "$1_conv_none_s2023" "${@:2}"; }
-# resumable NAME EVERY "METRICS" OVERRIDES...: a run (cap 575 s) that checkpoints every EVERY steps outside the run
-# folder (ckpt=local or ckpt=async among OVERRIDES), so that a run cut by its cap is continued by the same part again
-# on the machine kept warm (resume=auto; the report joins the two processes on one clock): the none runs estimated
-# close to a call's cap (g, i, m, n, q)
-resumable() {
-  local name=$1 every=$2 metrics=$3; shift 3
-  run "$name" 575 "$@" ckpt.dir="/tmp/ckpt-$name" ckpt.every_n_steps="$every" resume=auto
-  curve "$name" $metrics
-}
 # (SEEDS, CAP: the seeds and each run's cap; b47's j: GaussianFormer's cold seed 2023 reached its first validation at
 # 163 s, so two epochs with their validations need more than 270 s: SEEDS=2023 CAP=330 LIMIT=360 for one seed a call,
 # then WARM=1 SEEDS=2024 on the machine kept warm, on the cache the first call filled)
@@ -86,7 +77,6 @@ SDM="val/map/mAP val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg" GFM="val/miou_p
 # 9.96 / 15.7 after epochs 1 / 2 (seed 2023; 7.66 / 13.3 seed 2024), upstream's 2e-4 0.0 / 0.02
 # (results/cpu2core-2026-12-05-crop-view)
 GF_LR="model.optimizer.lr=1e-3"
-NANO="+experiment=convergence model=maptr model.size=nano model.optimizer.lr=2e-3 model.module.backbone_lr_mult=1.0"
 # qcnet_warm TAG "SEEDS" OVERRIDES...: QCNet convergence max on a warm cache: a training-only max run fills an empty
 # cache (as b37's a3 did; TF32 and the other settings are in Inductor's key, so OVERRIDES go to both), then one
 # convergence run per seed on it (c: TF32 off; t: as configured, on an H100)

@@ -95,10 +95,21 @@ one_gpu_part() {
   PART=${1:-a}
   log "commit $(revision), part $PART"
 }
+# resumable NAME EVERY "METRICS" OVERRIDES...: a run (cap 575 s) that checkpoints every EVERY steps outside the run
+# folder (ckpt=local or ckpt=async among OVERRIDES), so that a run cut by its cap is continued by the same part again
+# on the machine kept warm (resume=auto; the report joins the two processes on one clock): the none runs estimated
+# close to a call's cap (bench39's g, i, m, n, q; bench48's a, b)
+resumable() {
+  local name=$1 every=$2 metrics=$3; shift 3
+  run "$name" 575 "$@" ckpt.dir="/tmp/ckpt-$name" ckpt.every_n_steps="$every" resume=auto
+  curve "$name" $metrics
+}
 # what parts share: QCNet's convergence experiment and its metrics, a bounded run that only trains
 QCNET_CONV="+experiment=convergence model=qcnet"
 QCNET_METRICS="val/minFDE val/cv_minFDE"
 TRAIN_ONLY="ckpt=none bench.ceiling=false bench.val_batches=0"
+# MapTR nano with the recipe that learnt the bench set on the CPU (results/cpu2core-2026-12-05-backbone-bn)
+NANO="+experiment=convergence model=maptr model.size=nano model.optimizer.lr=2e-3 model.module.backbone_lr_mult=1.0"
 # auto_then_max NAME OVERRIDES...: accel=auto (numerics allowed) then max, training only, on one empty Inductor cache
 auto_then_max() {
   local name=$1; shift
