@@ -123,6 +123,16 @@ class SignalStop:
         self._previous = {}
         self._pid = None
 
+    def resurface(self) -> None:
+        """Raise again a stop whose :class:`Interrupted` never arrived: raised inside a hook that ignores
+        exceptions (logging's at-fork hook while a loader forks its workers: Python prints "Exception ignored"
+        and goes on), the signal was recorded but the program carried on until the scheduler's SIGKILL (the
+        H100, b48: a capped run's end-of-run validation, killed 20 s later with no summary). Called at every
+        batch start (:class:`RaiseLostStop`); nothing while a training phase defers the stop to its step
+        boundary."""
+        if self.received is not None and not self.deferring and self._pid == os.getpid():
+            raise Interrupted(self.received)
+
     def stopping(self) -> int | None:
         """The signal this run is stopping on (received here or agreed with the other ranks), or None."""
         return self.received or self.agreed
@@ -223,6 +233,21 @@ class StopOnSignal(pl.Callback):
     @staticmethod
     def of(trainer: pl.Trainer) -> "StopOnSignal | None":
         return next((cb for cb in trainer.callbacks if isinstance(cb, StopOnSignal)), None)
+
+
+class RaiseLostStop(pl.Callback):
+    """At every training and validation batch start, raises a stop signal's :class:`Interrupted` that a hook
+    swallowed (:meth:`SignalStop.resurface`): every Trainer the bench builds carries one, so a lost stop ends
+    the run within a batch."""
+
+    def __init__(self, stop: SignalStop = STOP) -> None:
+        self.stop = stop
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.stop.resurface()
+
+    def on_validation_batch_start(self, *args: Any) -> None:
+        self.stop.resurface()
 
 
 def _tensor(value: int, trainer: pl.Trainer) -> Any:

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from drivebench.ckpt.store import CheckpointStore, step_of
-from drivebench.signals import STOP, Interrupted, StopOnSignal, exit_code, signal_name
+from drivebench.signals import STOP, Interrupted, RaiseLostStop, StopOnSignal, exit_code, signal_name
 from test_ckpt_callback import Toy, ToyData, checkpointing, trainer_for
 from test_ckpt_cli_helpers import (loader_position, losses, shared_cache, start_training, step_file, summary, train,
                                    wait_for_step)
@@ -174,6 +174,83 @@ def test_a_failure_after_a_lost_signal_ends_the_run_as_interrupted(tmp_path, cac
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["run"]["status"] == "interrupted" and written["run"]["interrupted"]["step"] == 2
     assert written["train"]["steps_measured"] == 2
+
+
+_SIGNAL_AT_FORK: list[int] = []  # armed by the test below: the next fork in this process signals it
+
+
+def _signal_in_the_at_fork_hook() -> None:
+    if _SIGNAL_AT_FORK:
+        os.kill(os.getpid(), _SIGNAL_AT_FORK.pop())
+
+
+os.register_at_fork(after_in_parent=_signal_in_the_at_fork_hook)
+
+
+class _Batches(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.full((2,), float(index))
+
+
+class _Scored(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.scored: list[int] = []
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.scored.append(batch_idx)
+
+
+def test_a_signal_lost_in_an_at_fork_hook_still_stops_validation_at_its_first_batch(handlers):
+    """A SIGTERM while validation forks its loader workers: the handler's Interrupted is raised inside the at-fork
+    hook, where Python prints "Exception ignored" and carries on with the signal recorded. Without the check at
+    each batch start the validation went on to the scheduler's SIGKILL on the H100 (b48: a capped SparseDrive run's
+    end-of-run validation, killed 20 s after the SIGTERM with no summary); Lightning 2.6 raises its own
+    SIGTERMException at the next batch instead, a SystemExit that would end the process with status 0."""
+    module = _Scored()
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[RaiseLostStop()])
+    loader = torch.utils.data.DataLoader(_Batches(), batch_size=2, num_workers=1)
+    _SIGNAL_AT_FORK.append(signal.SIGTERM)
+    with pytest.raises(Interrupted) as stopped:
+        trainer.validate(module, loader, verbose=False)
+    assert stopped.value.signum == signal.SIGTERM and module.scored == []
+
+
+def test_a_signal_lost_while_the_end_of_run_validation_forks_ends_the_run_as_interrupted(tmp_path, cache, handlers,
+                                                                                          monkeypatch):
+    """The same loss inside the bench's end-of-run validation of a real run: it ends as interrupted, with its
+    summary and the step training reached, before validation scores a batch."""
+    from hydra import compose, initialize_config_dir
+
+    from drivebench.app import build_run
+    from drivebench.bench.runners import TrainBench
+
+    conf = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "model=maptr", "accel=none", "accel.num_workers=1", "ckpt=none", f"paths.cache={cache}",
+            f"paths.output_dir={tmp_path}"])
+    run = build_run(cfg, tmp_path, progress=False)
+    bench = TrainBench(steps=2, warmup_steps=0, ceiling=False, val_batches=2)
+    validate, scored = bench._validate, []
+
+    def signalled_at_its_fork(*args: Any) -> dict[str, float]:
+        _SIGNAL_AT_FORK.append(signal.SIGTERM)
+        monkeypatch.setattr(run.module, "validation_step", lambda *a, **k: scored.append(a))
+        return validate(*args)
+
+    monkeypatch.setattr(bench, "_validate", signalled_at_its_fork)
+    with pytest.raises(Interrupted) as stopped:
+        bench.run(run)
+    assert stopped.value.signum == signal.SIGTERM and scored == []
+    assert "during validation (training reached step 2)" in stopped.value.message
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["run"]["status"] == "interrupted" and written["run"]["interrupted"]["step"] == 2
 
 
 # ---- python -m drivebench -------------------------------------------------------------------------------

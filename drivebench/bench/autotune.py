@@ -38,6 +38,7 @@ from drivebench.errors import ConfigError
 from drivebench.perf.callback import StepTimer
 from drivebench.perf.loader_wait import LoaderWaitProfiler
 from drivebench.perf.summary import phase_stats
+from drivebench.signals import RaiseLostStop
 
 log = logging.getLogger("drivebench")
 # accel values that do not change what the loader workers make: the step's knobs (model, precision, optimizer),
@@ -141,7 +142,8 @@ class AccelTrial:
         wanted = self.warmup + self.steps
         timer = StepTimer("autotune", self.warmup, sync_each_step=False, log_every_n_steps=max(wanted, 1))
         slower = _StopWhenSlower(timer, stop_above_s)
-        callbacks: list[pl.Callback] = ([FreezeHeap(timer)] if run.accel.gc_freeze else []) + [timer, slower]
+        callbacks: list[pl.Callback] = ([FreezeHeap(timer)] if run.accel.gc_freeze else []) + [timer, slower,
+                                                                                 RaiseLostStop()]
         trainer_cfg = self.cfg.trainer
         fit_started = time.perf_counter()
         trainer = pl.Trainer(

@@ -42,7 +42,8 @@ from drivebench.errors import ConfigError, DataError, data_error_in_worker
 from drivebench.schemas import resolve_profile
 from drivebench.schemas import resolve_val_batches as _resolve_val_batches
 from drivebench.secrets import redact, redact_argv
-from drivebench.signals import STOP, Interrupted, StopOnSignal, exit_code, requeue_slurm_job, signal_name
+from drivebench.signals import (STOP, Interrupted, RaiseLostStop, StopOnSignal, exit_code, requeue_slurm_job,
+                                signal_name)
 from drivebench.perf.bottleneck import diagnose, efficiency_note
 from drivebench.perf.callback import StepTimer
 from drivebench.perf.ceiling import CeilingDataModule, representative_batch
@@ -337,7 +338,7 @@ class TrainBench:
         ckpt = build(cfg.ckpt.callback, _convert_="all") if cfg.ckpt.get("callback") else None
         callbacks.append(RngState())  # RNG states in every checkpoint, restored on resume, also for ckpt=none
         stop = StopOnSignal()  # a stop signal ends training at the next step boundary
-        callbacks.append(stop)
+        callbacks += [stop, RaiseLostStop()]
         self._running = RunningSummary(run.output_dir / "summary.json", summary)  # what a killed run leaves
         callbacks.append(self._running)
         if ckpt is not None:
@@ -426,7 +427,7 @@ class TrainBench:
     def _validate(self, run: Run, logger: Any, trained_step: int) -> dict[str, float]:
         """The end-of-run validation, logged at the step of the weights it scores."""
         trainer = pl.Trainer(**run.trainer_kwargs(), logger=phase_logger(logger, VALIDATE, trained_step),
-                             limit_val_batches=self.val_batches,
+                             limit_val_batches=self.val_batches, callbacks=[RaiseLostStop()],
                              enable_checkpointing=False, enable_progress_bar=False)
         if run.job is not None:
             run.job.track(trainer)
@@ -441,7 +442,7 @@ class TrainBench:
         host_batch, chosen = representative_batch(loader, train_elements if train_elements == train_elements else None)
         ceiling = CeilingDataModule(host_batch, steps, run.datamodule.device_transform)
         timer = step_timer(run, "ceiling", self.ceiling_warmup_steps, monitor)
-        callbacks: list[pl.Callback] = ([FreezeHeap(timer)] if run.accel.gc_freeze else []) + [timer]
+        callbacks: list[pl.Callback] = ([FreezeHeap(timer)] if run.accel.gc_freeze else []) + [timer, RaiseLostStop()]
         bars = [cb for cb in configured_callbacks(run) if isinstance(cb, StepProgressBar)]
         for bar in bars:
             bar.phase = CEILING
