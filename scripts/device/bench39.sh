@@ -107,7 +107,8 @@ case "$PART" in
      for s in 2023 2024; do run maptr_conv_max_s$s 200 +experiment=convergence model=maptr accel=max seed=$s; curve maptr_conv_max_s$s val/mAP; done
      run maptr_tiny_conv6_max_bb1 150 +experiment=convergence model=maptr accel=max seed=2023 model.module.backbone_lr_mult=1.0
      curve maptr_tiny_conv6_max_bb1 val/mAP ;;
-  g) resumable sparsedrive_conv_none_s2023 32 "$SDM" +experiment=convergence model=sparsedrive accel=none seed=2023 ckpt=async ;;
+  g) resumable sparsedrive_conv_none_s${SEED:-2023} 32 "$SDM" +experiment=convergence model=sparsedrive accel=none \
+       seed=${SEED:-2023} ckpt=async ;;  # SEED=2024: the second none seed
   h) conv_max sparsedrive $SDM ;;
   i) resumable gaussianformer_conv_none_s2023 96 "$GFM" +experiment=convergence model=gaussianformer $GF_LR accel=none \
        seed=2023 ckpt=async ;;
