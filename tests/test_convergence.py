@@ -166,6 +166,23 @@ def test_a_run_stopped_early_counts_its_time_to_target_but_has_no_final_metric()
     assert shown.loc["max", "final (mean [min-max])"] == "5.2"
 
 
+def test_a_run_stopped_after_its_last_scheduled_step_keeps_its_last_validation_as_its_final():
+    """A cap's signal in the end-of-run validation (b48, H100: three SparseDrive runs) comes after the schedule's
+    last step and its validation: that validation is the run's final. A run stopped one epoch short is not final,
+    nor is one whose summary predates ``run.schedule_steps``."""
+    runs, scalars = _runs([("n1", "none", 2023, [9.0, 7.0, 5.8, 5.0], 90.0), ("n2", "none", 2024, [9.5, 7.5, 5.9, 5.4], 95.0),
+                           ("m1", "max", 2023, [9.1, 7.1, 5.7, 5.2], 30.0),   # stopped after step 1000 of 1000
+                           ("m2", "max", 2024, [9.2, 6.9, 5.6], 31.0),        # stopped in epoch 4 of 4
+                           ("m3", "max", 2025, [9.0, 7.0, 5.5, 5.3], 30.0)])  # stopped at the end, an older summary
+    runs["schedule_steps"] = [1000.0, 1000.0, 1000.0, 1000.0, math.nan]
+    stopped, done = runs[runs["setting"] == "max"], runs[runs["setting"] == "none"]
+    targets = with_recorded_targets([], runs)
+    followed = followed_runs(analyse(done, scalars, targets), stopped, scalars, targets).runs
+    table = convergence_table(followed, scalars, targets[0]).set_index("setting")
+    assert table.loc["max", "runs"] == 3 and table.loc["max", "finals"] == 1
+    assert table.loc["max", "final_mean"] == pytest.approx(5.2)  # m1's last validation; m2 and m3 have none
+
+
 def test_a_run_that_never_met_the_target_bounds_the_ratio_on_its_side():
     """A none run capped at 300 s never met the target: it would have, if ever, later than 300 s, so max's
     ratio is at least 300 s over max's median (and at least 300 s over max's slowest for every pair); a max
@@ -363,6 +380,8 @@ def test_a_convergence_job_stopped_by_a_signal_still_reports_its_curve(sweep, tm
         summary = json.loads((dst / "summary.json").read_text())
         summary["run"].update(status="interrupted",  # what drivebench.signals writes on SIGTERM
                               interrupted={"signal": "SIGTERM", "exit_code": 143, "step": 9, "checkpoint": None})
+        assert summary["run"]["schedule_steps"] == 10  # two epochs of 5 steps ran; say they were 2 of 4
+        summary["run"]["schedule_steps"] = 20
         (dst / "summary.json").write_text(json.dumps(summary))
     label = f"val/loss<={float(_val_loss(next(runs.glob('*none*'))).iloc[0]['value'])!r}"
     out = tmp_path / "report"
@@ -462,6 +481,7 @@ def test_a_convergence_job_killed_without_its_final_summary_still_reports_its_cu
     proc.communicate(timeout=60)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["run"]["status"] == "running" and summary["machine"]["cpu_cores"] and summary["run"]["run_id"]
+    assert summary["run"]["schedule_steps"] == 4 * 5  # four epochs of the mini set's 5 batches of 2
     threshold = float(frame.loc[frame["tag"] == "val/loss", "value"].iloc[0])
     out = tmp_path / "report"
     assert main([str(run_dir), f"report.out={out}", f"--target=val/loss<={threshold!r}"]) == 0

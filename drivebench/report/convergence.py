@@ -14,7 +14,10 @@ there is no spread to compare against, and the verdict says so instead of guessi
 A run stopped by a signal before its schedule ended (a time cap on a convergence job) counts with
 the validations it logged before the stop: when it met the target is a fact of its curve, so its
 time to target counts; it has no final metric (its schedule did not end), so the final-metric
-columns and the seed spread are over the runs that completed.
+columns and the seed spread are over the runs that completed. A run stopped (or killed) after its
+schedule's last step, its last validation logged there (a cap that came in the end-of-run validation),
+has finished its schedule: that validation is its final, as a completed run's is (summary
+``run.schedule_steps``; runs written before 2026-12-06 lack it and keep no final).
 
 A run that did not meet the target (stopped before it, or its schedule ended first) bounds its time to
 target from below: it would have met it, if ever, after its last logged training value. Such runs stand
@@ -137,6 +140,13 @@ def is_stopped(row: pd.Series) -> bool:
     return bool(row.get("stopped", False) == True)  # noqa: E712 (NaN and numpy booleans alike)
 
 
+def validated_at_schedule_end(row: pd.Series, curve: pd.DataFrame) -> bool:
+    """Whether a stopped run's last validation came at its schedule's last step (Lightning logs an epoch's
+    validation at the step before the count reaches it), so that it is the run's final metric."""
+    scheduled = row.get("schedule_steps")
+    return bool(scheduled == scheduled and scheduled and len(curve) and curve["step"].iloc[-1] >= scheduled - 1)
+
+
 def convergence_targets(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[Target]) -> list[Target]:
     """The targets on a validation metric that some run followed over training (>= 2 points)."""
     out = []
@@ -177,7 +187,7 @@ def unfollowed_targets(runs: pd.DataFrame, scalars: pd.DataFrame, targets: list[
 def convergence_rows(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) -> pd.DataFrame:
     """The runs that followed ``target``'s metric over training (a run stopped early: from its first validation
     on, so one cut after it still counts with its floor), with its final value (``final``; NaN for a
-    run stopped before its schedule ended: its last validation is not a final) and its training span
+    run stopped before its schedule's last step: its last validation is not a final) and its training span
     (``training_s``: the floor of its time to target where it did not meet it), and its pace: the seconds to its
     first validation (``first_validation_s``: one-time costs such as compiling are in it) and the median seconds
     between its later validations (``between_validations_s``: an epoch and its validation where it validates
@@ -189,7 +199,8 @@ def convergence_rows(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) 
         if len(curve) < (1 if is_stopped(row) else MIN_POINTS):  # a stopped run's one validation was in training
             continue
         keep.append(index)
-        finals.append(math.nan if is_stopped(row) else float(curve["value"].iloc[-1]))
+        final = not is_stopped(row) or validated_at_schedule_end(row, curve)
+        finals.append(float(curve["value"].iloc[-1]) if final else math.nan)
         firsts.append(float(curve["step"].iloc[0]))
         spans.append(_training_span(own))
         first_s.append(float(curve["elapsed_s"].iloc[0]))

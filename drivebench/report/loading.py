@@ -179,6 +179,7 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
         "setting_overrides": " ".join(f"{k}={v}" for k, v in sorted(knobs.items())),
         "job_num": _job_num(run),
         "run_id": r.get("run_id"),  # kept by a resumed run of the same training: its segments share it
+        "schedule_steps": num(r.get("schedule_steps")),  # the fit's scheduled optimizer steps (runs since 2026-12-06)
         "started": r.get("started"),
         "run_wall_s": num(r.get("wall_s")),
         "batch_size": num(dig(summary, "settings", "batch_size")),
@@ -279,9 +280,13 @@ def read_summary(run: RunDir) -> tuple[dict[str, Any] | None, Problem | None]:
         return None, Problem(run.path, SKIPPED, str(dig(summary, "skipped", "reason") or "skipped"), model, accel)
     interrupted = dig(summary, "run", "interrupted")
     if status == INTERRUPTED and isinstance(interrupted, dict):  # stopped on purpose (drivebench.signals), not a crash
+        step, scheduled = interrupted.get("step"), dig(summary, "run", "schedule_steps")
+        when = ("at the last step of its schedule (in or before its end-of-run validation; its last validation is its "
+                "final)" if isinstance(step, int) and isinstance(scheduled, int) and step >= scheduled
+                else "before its schedule ended")
         return summary, Problem(run.path, INTERRUPTED,
-                                f"stopped by {interrupted.get('signal') or 'a signal'} at step {interrupted.get('step')} "
-                                f"before its schedule ended, so its figures cover part of the run (left out of the "
+                                f"stopped by {interrupted.get('signal') or 'a signal'} at step {step} {when}, so its "
+                                f"figures cover part of the run (left out of the "
                                 f"throughput tables; validation it logged counts in the convergence tables); "
                                 + ("resume=auto continues it from its checkpoint" if interrupted.get("checkpoint")
                                    else "no checkpoint was written: rerun it to use it"), model, accel)
