@@ -68,7 +68,11 @@ def test_a_mixed_set_reports_what_it_can_and_names_what_it_skipped(real_runs, tm
     _copy(qcnet, runs / "no_size", lambda s: s["run"].pop("model_size"))  # the panel key was NaN: a crash
     _copy(qcnet, runs / "failed", lambda s: s["run"].update(status="failed"))
     _copy(qcnet, runs / "interrupted", lambda s: s["run"].update(  # what drivebench.signals writes on SIGTERM
-        status="interrupted", interrupted={"signal": "SIGTERM", "exit_code": 143, "step": 7, "checkpoint": None}))
+        status="interrupted", interrupted={"signal": "SIGTERM", "exit_code": 143, "step": 7, "checkpoint": None},
+        schedule_steps=20))  # stopped at step 7 of 20
+    _copy(qcnet, runs / "stopped_at_its_end", lambda s: s["run"].update(  # a cap in the end-of-run validation
+        status="interrupted", interrupted={"signal": "SIGTERM", "exit_code": 143, "step": 20, "checkpoint": None},
+        schedule_steps=20))
     (_copy(qcnet, runs / "garbled") / "summary.json").write_text('{"run": {"status": "comp')
     (_copy(qcnet, runs / "crashed") / "summary.json").unlink()
     truncated = _copy(qcnet, runs / "truncated_tb")
@@ -91,7 +95,8 @@ def test_a_mixed_set_reports_what_it_can_and_names_what_it_skipped(real_runs, tm
     assert table.loc[table["run"] == "other_shape", "throughput_median"].isna().all()  # its train section is text
     md = (out / "report.md").read_text()
     for name, why in (("failed", "'failed'"), ("garbled", "not readable JSON"),
-                      ("crashed", "no summary.json"), ("interrupted", "stopped by SIGTERM at step 7 before its schedule ended")):
+                      ("crashed", "no summary.json"), ("interrupted", "stopped by SIGTERM at step 7 before its schedule ended"),
+                      ("stopped_at_its_end", "at step 20 at the last step of its schedule")):
         line = next((ln for ln in md.splitlines() if str(runs / name) in ln), "")
         assert why in line, (name, line)
         assert str(runs / name) in text
