@@ -143,6 +143,35 @@ def test_convergence_table_gives_the_pace_first_validation_then_between_validati
     assert shown.loc["none", column] == "92 s, then every 92 s"
 
 
+def test_finals_pool_over_machines_where_the_numerics_changes_are_the_same():
+    """An H100 with one none seed cannot judge the finals rule; with the H200's two none seeds it can. A CPU's
+    max (fp32, no compile: other numerics) does not pool with the GPUs' max, while every none pools."""
+    runs, scalars = _runs([("h100n", "none", 2024, [9.5, 7.5, 5.9, 5.4], 95.0),
+                           ("h100m1", "max", 2023, [9.1, 7.1, 5.7, 5.3], 30.0),
+                           ("h100m2", "max", 2025, [9.2, 6.9, 5.6, 5.1], 31.0),
+                           ("h200n1", "none", 2023, [9.0, 7.0, 5.8, 5.0], 90.0),
+                           ("h200n2", "none", 2025, [9.4, 7.4, 6.0, 5.6], 92.0),
+                           ("cpum", "max", 2023, [9.9, 9.0, 8.5, 8.0], 300.0)])
+    runs["machine"] = ["1x NVIDIA H100 @ vm"] * 3 + ["1x NVIDIA H200 @ vm"] * 2 + ["cpu (2 cores) @ box"]
+    gpu_max = "precision=bf16-mixed, tf32, compile"
+    runs["numerics_changed_by"] = ["", gpu_max, gpu_max, "", "", ""]
+    targets = with_recorded_targets([], runs)
+    table = convergence_table(analyse(runs, scalars, targets), scalars, targets[0])
+    h100 = table[table["machine"].str.contains("H100")].set_index("setting")
+    assert h100.loc["max", "same_as_none"] == "one seed: no spread to judge by"
+    assert (h100.loc["max", "finals_every_machine"], h100.loc["max", "none_finals_every_machine"]) == (2, 3)
+    assert h100.loc["max", "final_mean_every_machine"] == pytest.approx(5.2)   # the CPU's 8.0 is not pooled
+    assert h100.loc["max", "same_as_none_every_machine"] == "yes"              # |5.2 - 5.333| <= 0.6
+    cpu = table[table["machine"].str.startswith("cpu")].set_index("setting")
+    assert cpu.loc["max", "finals_every_machine"] == 1 and cpu.loc["max", "same_as_none"] == "no none run"
+    assert cpu.loc["max", "same_as_none_every_machine"] == "one seed: no spread to judge by"
+    shown = convergence_display(table).set_index(["machine", "setting"])["final within the seed spread of none"]
+    assert shown[("1x NVIDIA H100 @ vm", "max")] == ("one seed: no spread to judge by; over every machine "
+                                                     "(3 none, 2 this): yes")
+    assert shown[("1x NVIDIA H100 @ vm", "none")] == table.set_index(["machine", "setting"]).loc[
+        ("1x NVIDIA H100 @ vm", "none"), "same_as_none"]  # none keeps its own verdict
+
+
 def test_a_run_stopped_early_counts_its_time_to_target_but_has_no_final_metric():
     runs, scalars = _runs([("n1", "none", 2023, [9.0, 7.0, 5.8, 5.0], 90.0), ("n2", "none", 2024, [9.5, 7.5, 5.9, 5.4], 95.0),
                            ("n3", "none", 2025, [9.4, 7.4], 92.0),            # stopped in epoch 3: never met 6.0

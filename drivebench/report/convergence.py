@@ -9,7 +9,12 @@ seeds), the time-to-target ratio against ``none``, and whether the final metric 
 
 The same convergence, in numbers: a setting's mean final metric differs from ``none``'s by no more
 than the larger seed-to-seed spread (max - min over seeds) of the two settings. With one seed
-there is no spread to compare against, and the verdict says so instead of guessing.
+there is no spread to compare against, and the verdict says so instead of guessing. The rule is
+judged per machine, and again over every machine in the report (``*_every_machine`` columns): what a
+run learns depends on its arithmetic, not on the machine's speed, so the finals of one setting pool over
+machines where its runs changed the same numerics (``settings.numerics_changed_by``; a CPU's ``max``, in
+fp32 without compile, does not pool with a GPU's), and a machine with one ``none`` seed is judged against
+the seeds of all of them.
 
 A run stopped by a signal before its schedule ended (a time cap on a convergence job) counts with
 the validations it logged before the stop: when it met the target is a fact of its curve, so its
@@ -240,9 +245,9 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
                "to_target_wall_s_median", "to_target_steps_median", "compile_s_median", "compile_cache",
                "not_reached_by_s", "wall_s_vs_none", "wall_s_vs_none_min", "wall_s_vs_none_max", "wall_s_vs_none_bound",
                "first_validation_s_median", "between_validations_s_median", "between_validations_vs_none",
-               "same_as_none"]
+               "same_as_none", "none_finals"]
     if rows.empty:
-        return pd.DataFrame(columns=columns)
+        return pd.DataFrame(columns=columns + EVERY_MACHINE)
     state, wall, steps = (target_column(target, f) for f in ("state", "wall_s", "steps"))
     out = []
     for keys, part in rows.groupby([*GROUP, "setting"], dropna=False, sort=False):
@@ -290,6 +295,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
                 table.loc[index, "same_as_none"] = "no none run"
                 continue
             b = base.iloc[0]
+            table.loc[index, "none_finals"] = b["finals"]
             # what a schedule long enough to bury the one-time start approaches (the same validation interval)
             table.loc[index, "between_validations_vs_none"] = _ratio(b["between_validations_s_median"],
                                                                      row["between_validations_s_median"])
@@ -299,7 +305,38 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
                 table.loc[index, key] = value
             table.loc[index, "same_as_none"] = same_convergence(row["final_mean"], row["final_spread"], b["final_mean"],
                                                                 b["final_spread"], row["finals"], b["finals"])
-    return table.reindex(columns=columns)
+    _judge_over_every_machine(table, rows)
+    return table.reindex(columns=columns + EVERY_MACHINE)
+
+
+EVERY_MACHINE = ["finals_every_machine", "final_mean_every_machine", "final_spread_every_machine",
+                 "none_finals_every_machine", "same_as_none_every_machine"]
+
+
+def _finals_over_machines(rows: pd.DataFrame, row: pd.Series, setting: str) -> pd.Series:
+    """The finals of every machine's runs of ``row``'s model, size and data at ``setting``; for a setting that
+    changes numerics, only those whose changes are those of ``row``'s own runs (``none`` changes none)."""
+    same_work = ((rows["model"] == row["model"]) & (rows["model_size"] == row["model_size"])
+                 & (rows["data"] == row["data"]) & (rows["setting"] == setting))
+    if "numerics_changed_by" in rows and setting != BASELINE_SETTING:
+        own = rows.loc[same_work & (rows["machine"] == row["machine"]), "numerics_changed_by"].fillna("")
+        same_work &= rows["numerics_changed_by"].fillna("").isin(set(own))
+    return rows.loc[same_work, "final"].dropna()
+
+
+def _judge_over_every_machine(table: pd.DataFrame, rows: pd.DataFrame) -> None:
+    """The same-convergence rule once more with every machine's finals (module docstring), in place."""
+    for index, row in table.iterrows():
+        finals = _finals_over_machines(rows, row, row["setting"])
+        base = _finals_over_machines(rows, row, BASELINE_SETTING)
+        table.loc[index, "finals_every_machine"] = len(finals)
+        table.loc[index, "final_mean_every_machine"] = float(finals.mean()) if len(finals) else math.nan
+        table.loc[index, "final_spread_every_machine"] = _spread(finals)
+        table.loc[index, "none_finals_every_machine"] = len(base)
+        table.loc[index, "same_as_none_every_machine"] = (
+            same_convergence(float(finals.mean()) if len(finals) else math.nan, _spread(finals),
+                             float(base.mean()) if len(base) else math.nan, _spread(base), len(finals), len(base))
+            if len(base) else "no none run")
 
 
 def ratio_vs_none(base: pd.Series, row: pd.Series) -> tuple[float, float, float, str]:

@@ -194,6 +194,16 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
         ratio = fmt(r.get("between_validations_vs_none", math.nan), unit="x")
         return f"{first}, then every {between}" + (f" ({ratio})" if ratio and r["setting"] != BASELINE_SETTING else "")
 
+    def same_as_none(r: pd.Series) -> str:
+        """This machine's verdict, and where other machines add finals, the verdict over all of them."""
+        verdict = str(r["same_as_none"])
+        pooled, base = r.get("finals_every_machine", math.nan), r.get("none_finals_every_machine", math.nan)
+        if r["setting"] == BASELINE_SETTING or pooled != pooled or base != base:
+            return verdict
+        if pooled == r.get("finals") and base == r.get("none_finals"):  # no other machine adds a final
+            return verdict
+        return f"{verdict}; over every machine ({base:.0f} none, {pooled:.0f} this): {r['same_as_none_every_machine']}"
+
     return pd.DataFrame({
         "machine": table["machine"], "model": table["model"].astype(str) + " (" + table["model_size"].astype(str) + ")",
         "setting": table["setting"], "seeds": table["seeds"],
@@ -204,7 +214,7 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
         "of which compiling": [compiling(r) for _, r in table.iterrows()],
         "time to target, none / this [over pairs of runs]": [vs_none(r) for _, r in table.iterrows()],
         "first validation, then between validations (none / this)": [pace(r) for _, r in table.iterrows()],
-        "final within the seed spread of none": table["same_as_none"],
+        "final within the seed spread of none": [same_as_none(r) for _, r in table.iterrows()],
     }).reset_index(drop=True)
 
 
