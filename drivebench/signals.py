@@ -128,8 +128,8 @@ class SignalStop:
         exceptions (logging's at-fork hook while a loader forks its workers: Python prints "Exception ignored"
         and goes on), the signal was recorded but the program carried on until the scheduler's SIGKILL (the
         H100, b48: a capped run's end-of-run validation, killed 20 s later with no summary). Called at every
-        batch start (:class:`RaiseLostStop`); nothing while a training phase defers the stop to its step
-        boundary."""
+        batch start (:class:`RaiseLostStop` in the bench's Trainers; the loader benchmark's loop); nothing while a
+        training phase defers the stop to its step boundary."""
         if self.received is not None and not self.deferring and self._pid == os.getpid():
             raise Interrupted(self.received)
 

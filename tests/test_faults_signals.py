@@ -224,7 +224,9 @@ def test_a_signal_lost_in_an_at_fork_hook_still_stops_validation_at_its_first_ba
 def test_a_signal_lost_while_the_end_of_run_validation_forks_ends_the_run_as_interrupted(tmp_path, cache, handlers,
                                                                                           monkeypatch):
     """The same loss inside the bench's end-of-run validation of a real run: it ends as interrupted, with its
-    summary and the step training reached, before validation scores a batch."""
+    summary and the step training reached, before validation scores a batch. (The signal is recorded as the
+    handler records it before its exception is swallowed; the real loss in a fork is the test above: forking
+    beside this run's monitor thread would risk CPython gh-112275's hang on this CI's Python.)"""
     from hydra import compose, initialize_config_dir
 
     from drivebench.app import build_run
@@ -233,24 +235,51 @@ def test_a_signal_lost_while_the_end_of_run_validation_forks_ends_the_run_as_int
     conf = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
-            "model=maptr", "accel=none", "accel.num_workers=1", "ckpt=none", f"paths.cache={cache}",
-            f"paths.output_dir={tmp_path}"])
+            "model=maptr", "accel=none", "ckpt=none", f"paths.cache={cache}", f"paths.output_dir={tmp_path}"])
     run = build_run(cfg, tmp_path, progress=False)
     bench = TrainBench(steps=2, warmup_steps=0, ceiling=False, val_batches=2)
     validate, scored = bench._validate, []
 
-    def signalled_at_its_fork(*args: Any) -> dict[str, float]:
-        _SIGNAL_AT_FORK.append(signal.SIGTERM)
+    def signal_lost_as_it_starts(*args: Any) -> dict[str, float]:
+        handlers.received = signal.SIGTERM  # what the handler recorded before its exception was swallowed
         monkeypatch.setattr(run.module, "validation_step", lambda *a, **k: scored.append(a))
         return validate(*args)
 
-    monkeypatch.setattr(bench, "_validate", signalled_at_its_fork)
+    monkeypatch.setattr(bench, "_validate", signal_lost_as_it_starts)
     with pytest.raises(Interrupted) as stopped:
         bench.run(run)
     assert stopped.value.signum == signal.SIGTERM and scored == []
     assert "during validation (training reached step 2)" in stopped.value.message
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["run"]["status"] == "interrupted" and written["run"]["interrupted"]["step"] == 2
+
+
+def test_a_signal_lost_while_the_loader_benchmark_starts_ends_the_run_as_interrupted(tmp_path, cache, handlers,
+                                                                                       monkeypatch):
+    """``bench=loader`` iterates the loader outside any Trainer: its loop checks for a lost stop as well, before
+    it times a batch."""
+    from hydra import compose, initialize_config_dir
+
+    from drivebench.app import build_run
+    from drivebench.bench.runners import LoaderBench
+
+    conf = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "model=maptr", "accel=none", "ckpt=none", f"paths.cache={cache}", f"paths.output_dir={tmp_path}"])
+    run = build_run(cfg, tmp_path, progress=False)
+    bench = LoaderBench(steps=2, warmup_steps=0, ceiling=False, val_batches=0, loader_batches=4)
+    loader, fetched = run.datamodule.train_dataloader, []
+
+    def signal_lost_as_it_starts(*args: Any, **kwargs: Any) -> Any:
+        handlers.received = signal.SIGTERM  # recorded, its exception swallowed (the first test's fork)
+        batches = loader(*args, **kwargs)
+        return map(lambda batch: fetched.append(1) or batch, batches)
+
+    monkeypatch.setattr(run.datamodule, "train_dataloader", signal_lost_as_it_starts)
+    with pytest.raises(Interrupted) as stopped:
+        bench.run(run)
+    assert stopped.value.signum == signal.SIGTERM and fetched == []
 
 
 # ---- python -m drivebench -------------------------------------------------------------------------------

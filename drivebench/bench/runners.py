@@ -472,6 +472,7 @@ class TrainBench:
         times, sizes = [], []
         t_prev = time.perf_counter()
         for i in range(warm + self.loader_batches):
+            STOP.resurface()  # a stop lost while the loader forked its workers (signals.RaiseLostStop's check)
             try:
                 batch = next(iterator)
             except StopIteration:
