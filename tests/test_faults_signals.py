@@ -135,6 +135,19 @@ def test_outside_training_a_signal_raises_where_the_program_is(handlers):
     assert stopped.value.signum == signal.SIGUSR1 and exit_code(signal.SIGUSR1) == 138
 
 
+def _maptr_run(tmp_path: Path, cache: Path) -> Any:
+    """A real MapTR run (test size, ``accel=none``, no checkpoints) built as ``drivebench.app`` builds it."""
+    from hydra import compose, initialize_config_dir
+
+    from drivebench.app import build_run
+
+    conf = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "model=maptr", "accel=none", "ckpt=none", f"paths.cache={cache}", f"paths.output_dir={tmp_path}"])
+    return build_run(cfg, tmp_path, progress=False)
+
+
 @pytest.mark.parametrize("signalled", [True, False], ids=["after-a-signal", "no-signal"])
 def test_a_failure_after_a_lost_signal_ends_the_run_as_interrupted(tmp_path, cache, handlers, monkeypatch, signalled):
     """A scheduler's SIGTERM to the whole process group while validation forks its loader workers: the
@@ -142,16 +155,9 @@ def test_a_failure_after_a_lost_signal_ends_the_run_as_interrupted(tmp_path, cac
     failure is the dead workers' RuntimeError (seen on the H200, 2026-12-02). The run still ends as
     interrupted, with its summary and one line, not as a failed run with a traceback; the same failure
     with no signal received stays a failure."""
-    from hydra import compose, initialize_config_dir
-
-    from drivebench.app import build_run
     from drivebench.bench.runners import TrainBench
 
-    conf = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "model=maptr", "accel=none", "ckpt=none", f"paths.cache={cache}", f"paths.output_dir={tmp_path}"])
-    run = build_run(cfg, tmp_path, progress=False)
+    run = _maptr_run(tmp_path, cache)
     bench = TrainBench(steps=2, warmup_steps=0, ceiling=False, val_batches=1)
 
     def workers_died(*args: Any) -> None:
@@ -227,16 +233,9 @@ def test_a_signal_lost_while_the_end_of_run_validation_forks_ends_the_run_as_int
     summary and the step training reached, before validation scores a batch. (The signal is recorded as the
     handler records it before its exception is swallowed; the real loss in a fork is the test above: forking
     beside this run's monitor thread would risk CPython gh-112275's hang on this CI's Python.)"""
-    from hydra import compose, initialize_config_dir
-
-    from drivebench.app import build_run
     from drivebench.bench.runners import TrainBench
 
-    conf = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "model=maptr", "accel=none", "ckpt=none", f"paths.cache={cache}", f"paths.output_dir={tmp_path}"])
-    run = build_run(cfg, tmp_path, progress=False)
+    run = _maptr_run(tmp_path, cache)
     bench = TrainBench(steps=2, warmup_steps=0, ceiling=False, val_batches=2)
     validate, scored = bench._validate, []
 
@@ -258,16 +257,9 @@ def test_a_signal_lost_while_the_loader_benchmark_starts_ends_the_run_as_interru
                                                                                        monkeypatch):
     """``bench=loader`` iterates the loader outside any Trainer: its loop checks for a lost stop as well, before
     it times a batch."""
-    from hydra import compose, initialize_config_dir
-
-    from drivebench.app import build_run
     from drivebench.bench.runners import LoaderBench
 
-    conf = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "model=maptr", "accel=none", "ckpt=none", f"paths.cache={cache}", f"paths.output_dir={tmp_path}"])
-    run = build_run(cfg, tmp_path, progress=False)
+    run = _maptr_run(tmp_path, cache)
     bench = LoaderBench(steps=2, warmup_steps=0, ceiling=False, val_batches=0, loader_batches=4)
     loader, fetched = run.datamodule.train_dataloader, []
 
