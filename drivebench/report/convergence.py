@@ -222,6 +222,10 @@ def met_at_first_validation(row: pd.Series, target: Target) -> bool:
             and row[target_column(target, "steps")] == row["first_validation_step"])
 
 
+def _mean(values: pd.Series) -> float:
+    return float(values.mean()) if len(values) else math.nan
+
+
 def _spread(values: pd.Series) -> float:
     return float(values.max() - values.min()) if len(values) >= 2 else math.nan
 
@@ -260,7 +264,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             "runs": len(part),
             "seeds": ",".join(str(int(s)) for s in sorted(part["seed"].dropna().unique())),
             "finals": len(finals),  # runs that completed their schedule
-            "final_mean": float(finals.mean()) if len(finals) else math.nan,
+            "final_mean": _mean(finals),
             "final_min": float(finals.min()) if len(finals) else math.nan,
             "final_max": float(finals.max()) if len(finals) else math.nan,
             "final_spread": _spread(finals),
@@ -330,12 +334,11 @@ def _judge_over_every_machine(table: pd.DataFrame, rows: pd.DataFrame) -> None:
         finals = _finals_over_machines(rows, row, row["setting"])
         base = _finals_over_machines(rows, row, BASELINE_SETTING)
         table.loc[index, "finals_every_machine"] = len(finals)
-        table.loc[index, "final_mean_every_machine"] = float(finals.mean()) if len(finals) else math.nan
+        table.loc[index, "final_mean_every_machine"] = _mean(finals)
         table.loc[index, "final_spread_every_machine"] = _spread(finals)
         table.loc[index, "none_finals_every_machine"] = len(base)
         table.loc[index, "same_as_none_every_machine"] = (
-            same_convergence(float(finals.mean()) if len(finals) else math.nan, _spread(finals),
-                             float(base.mean()) if len(base) else math.nan, _spread(base), len(finals), len(base))
+            same_convergence(_mean(finals), _spread(finals), _mean(base), _spread(base), len(finals), len(base))
             if len(base) else "no none run")
 
 

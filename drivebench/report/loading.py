@@ -281,9 +281,9 @@ def read_summary(run: RunDir) -> tuple[dict[str, Any] | None, Problem | None]:
     interrupted = dig(summary, "run", "interrupted")
     if status == INTERRUPTED and isinstance(interrupted, dict):  # stopped on purpose (drivebench.signals), not a crash
         step, scheduled = interrupted.get("step"), dig(summary, "run", "schedule_steps")
-        when = ("at the last step of its schedule (in or before its end-of-run validation; its last validation is its "
-                "final)" if isinstance(step, int) and isinstance(scheduled, int) and step >= scheduled
-                else "before its schedule ended")
+        # whether its last validation counts as its final is the convergence report's rule (validated_at_schedule_end)
+        when = ("at the last step of its schedule" if isinstance(step, int) and isinstance(scheduled, int)
+                and step >= scheduled else "before its schedule ended")
         return summary, Problem(run.path, INTERRUPTED,
                                 f"stopped by {interrupted.get('signal') or 'a signal'} at step {step} {when}, so its "
                                 f"figures cover part of the run (left out of the "
