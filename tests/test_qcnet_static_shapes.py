@@ -229,6 +229,68 @@ def test_graphs_survive_a_second_fit(tmp_path):
     assert report["replays"] == 6 and report["graphs"] >= 2
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_dropout_draws_a_new_mask_at_every_replay(compiled):
+    """A replay repeats the captured kernels; dropout's random numbers must still be new at every step (the
+    generator's offset advances per replay), or every step of one padded shape would drop the same units
+    (QCNet's `max` runs its compiled layers inside the captured step)."""
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Dropout(0.5)).cuda()
+    body = torch.compile(layer) if compiled else layer
+    graphed = GraphedLoss(layer, lambda b: {"loss": body(b["x"]).square().sum()})
+    x = torch.randn(32, 64, device="cuda")
+    losses, grads = [], []
+    for _ in range(4):
+        layer.zero_grad(set_to_none=True)
+        out = graphed({"x": x})
+        out["loss"].backward()
+        losses.append(out["loss"].item())
+        grads.append(layer[0].weight.grad.detach().clone())
+    assert graphed.describe()["graphs"] == 1 and graphed.replays == 4
+    assert len(set(losses)) == 4, f"the same loss replayed: {losses}"
+    assert all(not torch.equal(a, b) for a, b in zip(grads, grads[1:]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_graphed_training_steps_follow_the_eager_ones_through_the_optimizer(tmp_path, monkeypatch):
+    """Several optimizer steps in a real fit, graphed and eager, from the same weights on the same batches:
+    the captured backward writes each step's gradients into the same buffers, which the optimizer then reads
+    and Lightning zeroes; an aliasing slip there (a gradient added twice, a stale one kept) shows as diverging
+    weights after a few steps, where one graphed step alone matches."""
+    import copy
+
+    import lightning.pytorch as pl
+
+    from drivebench.lit.qcnet import QCNetModule
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    torch.manual_seed(0)
+    net = create_model("qcnet", "test", dropout=0.0)
+    batches = [random_batch(make_transform("test"), num_scenes=2, seed=s % 2, **SMALL_SCENE) for s in range(6)]
+    weights = {}
+    for graphs in (False, True):
+        # SGD: a step moves each weight in proportion to its gradient (Adam would hide a doubled one)
+        module = QCNetModule(copy.deepcopy(net), optimizer=functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9))
+        if graphs:
+            module.enable_cuda_graphs()
+        trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=6, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+        trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
+        weights[graphs] = {n: p.detach().cpu().clone() for n, p in module.named_parameters()}
+        if graphs:
+            assert module.cuda_graphs_report()["replays"] == 6
+    start = {n: p.detach().clone() for n, p in net.named_parameters()}
+    moved = {n: weights[False][n] - start[n] for n in start}
+    assert any(m.abs().max() > 0 for m in moved.values()), "the eager fit changed no weight"
+    for name, eager_move in moved.items():
+        torch.testing.assert_close(weights[True][name] - start[name], eager_move, rtol=1e-3, atol=1e-5,
+                                   msg=f"{name}: its change over 6 steps")
+
+
 def _refusing_backend(gm, example_inputs):
     raise RuntimeError("compiled")
 

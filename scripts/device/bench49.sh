@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# GPU benchmark, part 49 (2026-12-06, issue 20): MapTR nano's time to quality on the H200 with the fixed device
+# decode (b48 made it on an H100: 3.71x; on the H200 only runs before the fix exist), after GPU checks of the
+# graphed step that QCNet's `max` trains with: QCNet's `max` runs lag `none` by ~0.2-0.3 m of val minFDE at every
+# epoch (14 runs against 6, one fp32 `max` among them), so the checks ask whether a replayed step draws new dropout
+# masks (eager and compiled layers) and whether graphed optimizer steps move the weights as eager ones do.
+#   LIMIT=560 bash scripts/device/bench49.sh a > /dev/null 2>&1; tail -c 9000 $OUT/log.txt
+#   a  the graphed-step GPU tests (tests/test_qcnet_static_shapes.py -m gpu), then MapTR nano convergence `max`,
+#      seeds 2023 (cold Inductor cache), 2024, 2025 (warm), then `none` seed 2024 checkpointed each epoch to the cap
+#   b  the `none` run of a continued on the machine kept warm (resume=auto; the report joins both processes)
+export LIMIT=${LIMIT:-560}; source scripts/device/lib.sh || exit 1
+one_gpu_part "$1"
+none_s2024() { resumable maptr_nano_conv_none_s2024_b49 48 val/mAP $NANO accel=none seed=2024 ckpt=local; }
+case "$PART" in
+  a) python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/test_qcnet_static_shapes.py 2>&1 \
+       | grep -E "passed|failed|Error|assert|SKIP|>|^E " | tail -30 | tee -a "$OUT/log.txt"
+     cold maptr-nano
+     for s in 2023 2024 2025; do run maptr_nano_conv_max_s${s}_b49 200 $NANO accel=max seed=$s; curve maptr_nano_conv_max_s${s}_b49 val/mAP; done
+     none_s2024 ;;
+  b) none_s2024 ;;
+  *) log "unknown part $PART (a-b)"; exit 2 ;;
+esac
+report
+log "part $PART done in $(( $(date +%s) - START ))s"
