@@ -8,6 +8,9 @@
 #   a  the graphed-step GPU tests (tests/test_qcnet_static_shapes.py -m gpu), then MapTR nano convergence `max`,
 #      seeds 2023 (cold Inductor cache), 2024, 2025 (warm), then `none` seed 2024 checkpointed each epoch to the cap
 #   b  the `none` run of a continued on the machine kept warm (resume=auto; the report joins both processes)
+#   c  QCNet paper, 3 epochs at accel=none, then the same weights validated at fp32 / bf16, TF32 off / on
+#      (scripts/device/eval_precision.py, ~200 s on an H200): is the lag of `max`'s val minFDE the validation's rounding?
+#   bc b, then c, in one call
 export LIMIT=${LIMIT:-560}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 none_s2024() { resumable maptr_nano_conv_none_s2024_b49 48 val/mAP $NANO accel=none seed=2024 ckpt=local; }
@@ -18,7 +21,10 @@ case "$PART" in
      for s in 2023 2024 2025; do run maptr_nano_conv_max_s${s}_b49 200 $NANO accel=max seed=$s; curve maptr_nano_conv_max_s${s}_b49 val/mAP; done
      none_s2024 ;;
   b) none_s2024 ;;
-  *) log "unknown part $PART (a-b)"; exit 2 ;;
+  c|bc) [[ $PART == bc ]] && none_s2024
+     log "=== eval_precision (3 epochs, $(left)s left)"
+     timeout $(( $(left) - 10 )) python3 scripts/device/eval_precision.py 3 2>&1 | grep "^{" | tee -a "$OUT/log.txt" ;;
+  *) log "unknown part $PART (a, b, c, bc)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
