@@ -280,7 +280,7 @@ def test_graphed_training_steps_follow_the_eager_ones_through_the_optimizer(tmp_
         trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=6, logger=False, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
         trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
-        weights[graphs] = {n: p.detach().cpu().clone() for n, p in module.named_parameters()}
+        weights[graphs] = {n: p.detach().cpu().clone() for n, p in module.net.named_parameters()}
         if graphs:
             assert module.cuda_graphs_report()["replays"] == 6
     start = {n: p.detach().clone() for n, p in net.named_parameters()}
