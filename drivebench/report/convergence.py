@@ -16,6 +16,13 @@ machines where its runs changed the same numerics (``settings.numerics_changed_b
 fp32 without compile, does not pool with a GPU's), and a machine with one ``none`` seed is judged against
 the seeds of all of them.
 
+The finals rule judges where training ended; how the metric went on the way there is compared at equal
+steps: per validation step that runs of both settings logged, the setting's mean over its runs minus
+``none``'s (signed so that a positive gap is worse for the target's direction), averaged over those steps
+(``behind_none_at_equal_steps``), next to ``none``'s own seed spread at those steps. Finals inside the seed
+spread can still hide a lag at every validation (QCNet on a GPU: ``max`` trails ``none`` by ~0.2 m of minFDE
+at each epoch), and such a lag, not speed, is what moves a time to target by a whole validation.
+
 A run stopped by a signal before its schedule ended (a time cap on a convergence job) counts with
 the validations it logged before the stop: when it met the target is a fact of its curve, so its
 time to target counts; it has no final metric (its schedule did not end), so the final-metric
@@ -196,8 +203,9 @@ def convergence_rows(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) 
     (``training_s``: the floor of its time to target where it did not meet it), and its pace: the seconds to its
     first validation (``first_validation_s``: one-time costs such as compiling are in it) and the median seconds
     between its later validations (``between_validations_s``: an epoch and its validation where it validates
-    every epoch), so a short schedule's ratio can be read against what a longer one approaches."""
-    keep, finals, firsts, spans, first_s, between_s = [], [], [], [], [], []
+    every epoch), so a short schedule's ratio can be read against what a longer one approaches; and its
+    validation values by step (``curve``), for the comparison at equal steps."""
+    keep, finals, firsts, spans, first_s, between_s, curves = [], [], [], [], [], [], []
     for index, row in runs.iterrows():
         own = scalars[scalars["run_dir"] == row["run_dir"]] if not scalars.empty else scalars
         curve = validation_curve(own, row["run_dir"], target.metric)
@@ -211,8 +219,9 @@ def convergence_rows(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) 
         first_s.append(float(curve["elapsed_s"].iloc[0]))
         gaps = curve["elapsed_s"].diff().dropna()
         between_s.append(float(gaps.median()) if len(gaps) else math.nan)
+        curves.append(dict(zip(curve["step"].astype(int), curve["value"].astype(float))))
     return runs.loc[keep].assign(final=finals, first_validation_step=firsts, training_s=spans,
-                                 first_validation_s=first_s, between_validations_s=between_s)
+                                 first_validation_s=first_s, between_validations_s=between_s, curve=curves)
 
 
 def met_at_first_validation(row: pd.Series, target: Target) -> bool:
@@ -240,6 +249,25 @@ def same_convergence(mean: float, spread: float, base_mean: float, base_spread: 
     return "yes" if abs(mean - base_mean) <= allowed else "no"
 
 
+def gap_at_equal_steps(curves: pd.Series, base_curves: pd.Series, target: Target) -> tuple[float, float, int]:
+    """(how far these runs' metric is behind the ``base_curves`` runs' at the validation steps both logged,
+    ``none``'s seed spread there, how many such steps): at each step the mean over the runs that logged it on
+    each side, their difference signed so that a positive gap is worse for ``target`` (higher for ``<=``), then
+    the mean over the steps; the spread is the mean of the base runs' max - min at the steps where two or more
+    logged it (NaN with one base run)."""
+    this, base = pd.DataFrame(list(curves)), pd.DataFrame(list(base_curves))
+    steps = sorted(set(this.columns) & set(base.columns))
+    this_mean, base_mean = this[steps].mean(), base[steps].mean()
+    steps = [s for s in steps if math.isfinite(this_mean[s]) and math.isfinite(base_mean[s])]
+    if not steps:
+        return math.nan, math.nan, 0
+    worse_when_higher = target.op in ("<=", "<")
+    gap = (this_mean[steps] - base_mean[steps]).mean() * (1.0 if worse_when_higher else -1.0)
+    several = [s for s in steps if base[s].count() >= 2]
+    spread = float((base[several].max() - base[several].min()).mean()) if several else math.nan
+    return float(gap), spread, len(steps)
+
+
 def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) -> pd.DataFrame:
     """One row per (machine, model, size, data, setting): final metric over seeds and time to target."""
     rows = convergence_rows(runs, scalars, target)
@@ -249,7 +277,8 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
                "to_target_wall_s_median", "to_target_steps_median", "compile_s_median", "compile_cache",
                "not_reached_by_s", "wall_s_vs_none", "wall_s_vs_none_min", "wall_s_vs_none_max", "wall_s_vs_none_bound",
                "first_validation_s_median", "between_validations_s_median", "between_validations_vs_none",
-               "same_as_none", "none_finals"]
+               "same_as_none", "none_finals", "none_runs", "behind_none_at_equal_steps", "none_spread_at_equal_steps",
+               "equal_steps"]
     if rows.empty:
         return pd.DataFrame(columns=columns + EVERY_MACHINE)
     state, wall, steps = (target_column(target, f) for f in ("state", "wall_s", "steps"))
@@ -300,6 +329,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
                 continue
             b = base.iloc[0]
             table.loc[index, "none_finals"] = b["finals"]
+            table.loc[index, "none_runs"] = b["runs"]
             # what a schedule long enough to bury the one-time start approaches (the same validation interval)
             table.loc[index, "between_validations_vs_none"] = _ratio(b["between_validations_s_median"],
                                                                      row["between_validations_s_median"])
@@ -309,30 +339,38 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
                 table.loc[index, key] = value
             table.loc[index, "same_as_none"] = same_convergence(row["final_mean"], row["final_spread"], b["final_mean"],
                                                                 b["final_spread"], row["finals"], b["finals"])
-    _judge_over_every_machine(table, rows)
+            if row["setting"] != BASELINE_SETTING:
+                on_machine = _same_work(rows, row, row["setting"]) & (rows["machine"] == row["machine"])
+                none_here = _same_work(rows, row, BASELINE_SETTING) & (rows["machine"] == row["machine"])
+                gap = gap_at_equal_steps(rows.loc[on_machine, "curve"], rows.loc[none_here, "curve"], target)
+                for key, value in zip(("behind_none_at_equal_steps", "none_spread_at_equal_steps", "equal_steps"), gap):
+                    table.loc[index, key] = value
+    _judge_over_every_machine(table, rows, target)
     return table.reindex(columns=columns + EVERY_MACHINE)
 
 
 EVERY_MACHINE = ["finals_every_machine", "final_mean_every_machine", "final_spread_every_machine",
-                 "none_finals_every_machine", "same_as_none_every_machine"]
+                 "none_finals_every_machine", "same_as_none_every_machine", "behind_none_at_equal_steps_every_machine",
+                 "none_spread_at_equal_steps_every_machine", "runs_every_machine", "none_runs_every_machine"]
 
 
-def _finals_over_machines(rows: pd.DataFrame, row: pd.Series, setting: str) -> pd.Series:
-    """The finals of every machine's runs of ``row``'s model, size and data at ``setting``; for a setting that
+def _same_work(rows: pd.DataFrame, row: pd.Series, setting: str) -> pd.Series:
+    """Which of every machine's runs are ``row``'s model, size and data at ``setting``; for a setting that
     changes numerics, only those whose changes are those of ``row``'s own runs (``none`` changes none)."""
     same_work = ((rows["model"] == row["model"]) & (rows["model_size"] == row["model_size"])
                  & (rows["data"] == row["data"]) & (rows["setting"] == setting))
     if "numerics_changed_by" in rows and setting != BASELINE_SETTING:
         own = rows.loc[same_work & (rows["machine"] == row["machine"]), "numerics_changed_by"].fillna("")
         same_work &= rows["numerics_changed_by"].fillna("").isin(set(own))
-    return rows.loc[same_work, "final"].dropna()
+    return same_work
 
 
-def _judge_over_every_machine(table: pd.DataFrame, rows: pd.DataFrame) -> None:
-    """The same-convergence rule once more with every machine's finals (module docstring), in place."""
+def _judge_over_every_machine(table: pd.DataFrame, rows: pd.DataFrame, target: Target) -> None:
+    """The same-convergence rule and the gap at equal steps once more with every machine's runs (module
+    docstring), in place."""
     for index, row in table.iterrows():
-        finals = _finals_over_machines(rows, row, row["setting"])
-        base = _finals_over_machines(rows, row, BASELINE_SETTING)
+        this, none = _same_work(rows, row, row["setting"]), _same_work(rows, row, BASELINE_SETTING)
+        finals, base = rows.loc[this, "final"].dropna(), rows.loc[none, "final"].dropna()
         table.loc[index, "finals_every_machine"] = len(finals)
         table.loc[index, "final_mean_every_machine"] = _mean(finals)
         table.loc[index, "final_spread_every_machine"] = _spread(finals)
@@ -340,6 +378,12 @@ def _judge_over_every_machine(table: pd.DataFrame, rows: pd.DataFrame) -> None:
         table.loc[index, "same_as_none_every_machine"] = (
             same_convergence(_mean(finals), _spread(finals), _mean(base), _spread(base), len(finals), len(base))
             if len(base) else "no none run")
+        table.loc[index, "runs_every_machine"] = int(this.sum())
+        table.loc[index, "none_runs_every_machine"] = int(none.sum())
+        if row["setting"] != BASELINE_SETTING and none.any():
+            gap, spread, _ = gap_at_equal_steps(rows.loc[this, "curve"], rows.loc[none, "curve"], target)
+            table.loc[index, "behind_none_at_equal_steps_every_machine"] = gap
+            table.loc[index, "none_spread_at_equal_steps_every_machine"] = spread
 
 
 def ratio_vs_none(base: pd.Series, row: pd.Series) -> tuple[float, float, float, str]:

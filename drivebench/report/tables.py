@@ -204,6 +204,26 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
             return verdict
         return f"{verdict}; over every machine ({base:.0f} none, {pooled:.0f} this): {r['same_as_none_every_machine']}"
 
+    def at_equal_steps(r: pd.Series) -> str:
+        """How far behind none the metric is at the validation steps both logged, with none's seed spread there;
+        over every machine too where other machines add runs."""
+        def gap(value: float, spread: float) -> str:
+            side = "behind" if value > 0 else "ahead"
+            spread_text = fmt(spread, digits=3)
+            return (f"{fmt(abs(value), digits=3)} {side} "
+                    + (f"(none's seed spread {spread_text})" if spread_text else "(one none run: no spread)"))
+
+        value = r.get("behind_none_at_equal_steps", math.nan)
+        if r["setting"] == BASELINE_SETTING or value != value:
+            return "-"
+        text = f"{gap(value, r.get('none_spread_at_equal_steps', math.nan))} over {r['equal_steps']:.0f} validations"
+        runs, base = r.get("runs_every_machine", math.nan), r.get("none_runs_every_machine", math.nan)
+        pooled = r.get("behind_none_at_equal_steps_every_machine", math.nan)
+        if pooled == pooled and (runs != r["runs"] or base != r.get("none_runs")):
+            spread = r.get("none_spread_at_equal_steps_every_machine", math.nan)
+            text += f"; over every machine ({base:.0f} none, {runs:.0f} this): {gap(pooled, spread)}"
+        return text
+
     return pd.DataFrame({
         "machine": table["machine"], "model": table["model"].astype(str) + " (" + table["model_size"].astype(str) + ")",
         "setting": table["setting"], "seeds": table["seeds"],
@@ -215,6 +235,7 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
         "time to target, none / this [over pairs of runs]": [vs_none(r) for _, r in table.iterrows()],
         "first validation, then between validations (none / this)": [pace(r) for _, r in table.iterrows()],
         "final within the seed spread of none": [same_as_none(r) for _, r in table.iterrows()],
+        "metric at equal steps, this vs none (mean over validations)": [at_equal_steps(r) for _, r in table.iterrows()],
     }).reset_index(drop=True)
 
 
