@@ -11,6 +11,8 @@
 #   c  QCNet paper, 3 epochs at accel=none, then the same weights validated at fp32 / bf16, TF32 off / on
 #      (scripts/device/eval_precision.py, ~200 s on an H200): is the lag of `max`'s val minFDE the validation's rounding?
 #   bc b, then c, in one call
+#   d  MapTR nano `max` seeds 2023 (cold), 2024, 2025 alone (~230 s): for a machine whose `none` runs on record are
+#      of its kind (the H200's b39/b41/b42 `none` runs decoded on the CPU, which the device decode fix did not touch)
 export LIMIT=${LIMIT:-560}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 none_s2024() { resumable maptr_nano_conv_none_s2024_b49 48 val/mAP $NANO accel=none seed=2024 ckpt=local; }
@@ -21,10 +23,12 @@ case "$PART" in
      for s in 2023 2024 2025; do run maptr_nano_conv_max_s${s}_b49 200 $NANO accel=max seed=$s; curve maptr_nano_conv_max_s${s}_b49 val/mAP; done
      none_s2024 ;;
   b) none_s2024 ;;
+  d) cold maptr-nano
+     for s in 2023 2024 2025; do run maptr_nano_conv_max_s${s}_b49 120 $NANO accel=max seed=$s; curve maptr_nano_conv_max_s${s}_b49 val/mAP; done ;;
   c|bc) [[ $PART == bc ]] && none_s2024
      log "=== eval_precision (3 epochs, $(left)s left)"
      timeout $(( $(left) - 10 )) python3 scripts/device/eval_precision.py 3 2>&1 | grep "^{" | tee -a "$OUT/log.txt" ;;
-  *) log "unknown part $PART (a, b, c, bc)"; exit 2 ;;
+  *) log "unknown part $PART (a, b, c, bc, d)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
