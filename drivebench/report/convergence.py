@@ -309,6 +309,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             "to_target_wall_s_min": float(reached[wall].min()) if len(reached) else math.nan,
             "to_target_wall_s_max": float(reached[wall].max()) if len(reached) else math.nan,
             "to_target_wall_s_floor_median": float(floors.median()),
+            "to_target_wall_s_median_all": median_if_known(reached[wall], part.loc[part[state] != "reached", "training_s"]),
             "to_target_wall_s_floor_min": float(floors.min()),
             # the longest a run that did not meet it trained for: "not met in the first N s"
             "not_reached_by_s": float(part.loc[part[state] != "reached", "training_s"].max()) if len(reached) < len(part) else math.nan,
@@ -386,12 +387,28 @@ def _judge_over_every_machine(table: pd.DataFrame, rows: pd.DataFrame, target: T
             table.loc[index, "none_spread_at_equal_steps_every_machine"] = spread
 
 
+def median_if_known(times: pd.Series, unreached_floors: pd.Series) -> float:
+    """The median time to target over every run, where some never met the target, if those runs cannot move it:
+    each would have met it, if ever, after its floor (the seconds it trained), so where every floor is at least
+    the value the median stands on with them counted last, the median is that value. NaN otherwise (more than
+    half never met it, or one stopped too early to say)."""
+    values = sorted(float(t) for t in times) + [math.inf] * len(unreached_floors)
+    if not values:
+        return math.nan
+    lower, upper = values[(len(values) - 1) // 2], values[len(values) // 2]
+    if math.isinf(upper) or (len(unreached_floors) and float(unreached_floors.min()) < upper):
+        return math.nan
+    return (lower + upper) / 2
+
+
 def ratio_vs_none(base: pd.Series, row: pd.Series) -> tuple[float, float, float, str]:
     """How many times sooner than ``none`` a setting met the target: (over the medians, the least and the most
     over pairs of runs, bound). A run that did not meet it stands in with the seconds it trained, shorter
     than its time to target would have been: where only ``none`` has such runs the ratio is a floor
     (``at least``; no most over pairs), where only this setting has them a ceiling (``at most``; no least),
-    and where both have them, or this setting never met it, it is unknown (NaN)."""
+    and where both have them, or this setting never met it, it is unknown (NaN). Where those runs trained past the
+    value each side's median stands on (:func:`median_if_known`), the ratio of the medians is known (no bound)
+    and only the pairs keep theirs (the least over pairs a floor, or the most a ceiling)."""
     none_all, this_all = base["runs_reached"] == base["runs"], row["runs_reached"] == row["runs"]
     if none_all and this_all:
         # the range over every pairing of a none run with a run of this setting: a median ratio resting on
@@ -399,12 +416,19 @@ def ratio_vs_none(base: pd.Series, row: pd.Series) -> tuple[float, float, float,
         return (_ratio(base["to_target_wall_s_median"], row["to_target_wall_s_median"]),
                 _ratio(base["to_target_wall_s_min"], row["to_target_wall_s_max"]),
                 _ratio(base["to_target_wall_s_max"], row["to_target_wall_s_min"]), "")
+    # where the runs that never met it lie above the medians either way, the medians' ratio is known; the pairs
+    # with such a run keep their bound
+    known = _ratio(base.get("to_target_wall_s_median_all", math.nan), row.get("to_target_wall_s_median_all", math.nan))
     if this_all:
-        return (_ratio(base["to_target_wall_s_floor_median"], row["to_target_wall_s_median"]),
-                _ratio(base["to_target_wall_s_floor_min"], row["to_target_wall_s_max"]), math.nan, "at least")
+        floor = _ratio(base["to_target_wall_s_floor_min"], row["to_target_wall_s_max"])
+        if math.isfinite(known):
+            return known, floor, math.nan, ""
+        return _ratio(base["to_target_wall_s_floor_median"], row["to_target_wall_s_median"]), floor, math.nan, "at least"
     if none_all and row["runs_reached"] > 0:
-        return (_ratio(base["to_target_wall_s_median"], row["to_target_wall_s_floor_median"]), math.nan,
-                _ratio(base["to_target_wall_s_max"], row["to_target_wall_s_floor_min"]), "at most")
+        ceiling = _ratio(base["to_target_wall_s_max"], row["to_target_wall_s_floor_min"])
+        if math.isfinite(known):
+            return known, math.nan, ceiling, ""
+        return _ratio(base["to_target_wall_s_median"], row["to_target_wall_s_floor_median"]), math.nan, ceiling, "at most"
     return math.nan, math.nan, math.nan, ""
 
 

@@ -179,6 +179,8 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
             pairs = low if bound == "at least" else high  # compared as shown: one pair prints its figure once
             return (f"{bound} {median} [pairs: {bound} {pairs}x]" if median and pairs and pairs + "x" != median
                     else f"{bound} {median}" if median else "")
+        if median and bool(low) != bool(high):  # the medians known, the pairs with a run that never met it bounded
+            return f"{median} [pairs: at least {low}x]" if low else f"{median} [pairs: at most {high}x]"
         return f"{median} [{low}-{high}]" if median and low and high and low != high else median
 
     def compiling(r: pd.Series) -> str:
