@@ -418,7 +418,7 @@ def ratio_vs_none(base: pd.Series, row: pd.Series) -> tuple[float, float, float,
                 _ratio(base["to_target_wall_s_max"], row["to_target_wall_s_min"]), "")
     # where the runs that never met it lie above the medians either way, the medians' ratio is known; the pairs
     # with such a run keep their bound
-    known = _ratio(base.get("to_target_wall_s_median_all", math.nan), row.get("to_target_wall_s_median_all", math.nan))
+    known = _ratio(base["to_target_wall_s_median_all"], row["to_target_wall_s_median_all"])
     if this_all:
         floor = _ratio(base["to_target_wall_s_floor_min"], row["to_target_wall_s_max"])
         if math.isfinite(known):
