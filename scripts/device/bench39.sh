@@ -77,22 +77,6 @@ SDM="val/map/mAP val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg" GFM="val/miou_p
 # 9.96 / 15.7 after epochs 1 / 2 (seed 2023; 7.66 / 13.3 seed 2024), upstream's 2e-4 0.0 / 0.02
 # (results/cpu2core-2026-12-05-crop-view)
 GF_LR="model.optimizer.lr=1e-3"
-# qcnet_warm TAG "SEEDS" OVERRIDES...: QCNet convergence max on a warm cache: a training-only max run fills an empty
-# cache (as b37's a3 did; TF32 and the other settings are in Inductor's key, so OVERRIDES go to both), then one
-# convergence run per seed on it (c: TF32 off; t: as configured, on an H100)
-qcnet_warm() {
-  local tag=$1 seeds=$2; shift 2
-  cold "qcnet$tag"; run "qcnet_fill$tag" 240 model=qcnet $T accel=max bench.steps=30 "$@"
-  qcnet_seeds "$tag" "$seeds" 160 "$@"
-}
-# qcnet_seeds TAG "SEEDS" CAP OVERRIDES...: one QCNet convergence max run per seed on the cache in use
-qcnet_seeds() {
-  local tag=$1 seeds=$2 cap=$3; shift 3
-  for s in $seeds; do
-    local name="qcnet_conv_max${tag}_s${s}_warm"
-    run "$name" "$cap" $C accel=max seed=$s "$@"; curve "$name" $QM; facts "$name"
-  done
-}
 case "$PART" in
   a) auto_then_max sparsedrive model=sparsedrive bench.steps=150
      (( SPREAD )) && run sparsedrive_max2 150 model=sparsedrive bench.steps=150 $T accel=max ;;  # max against max: the spread

@@ -108,6 +108,22 @@ resumable() {
 QCNET_CONV="+experiment=convergence model=qcnet"
 QCNET_METRICS="val/minFDE val/cv_minFDE"
 TRAIN_ONLY="ckpt=none bench.ceiling=false bench.val_batches=0"
+# qcnet_warm TAG "SEEDS" OVERRIDES...: QCNet convergence max on a warm cache: a training-only max run fills an empty
+# cache (as b37's a3 did; TF32 and the other settings are in Inductor's key, so OVERRIDES go to both), then one
+# convergence run per seed on it (bench39 c: TF32 off; t: as configured, on an H100; bench50: fp32)
+qcnet_warm() {
+  local tag=$1 seeds=$2; shift 2
+  cold "qcnet$tag"; run "qcnet_fill$tag" 240 model=qcnet $TRAIN_ONLY accel=max bench.steps=30 "$@"
+  qcnet_seeds "$tag" "$seeds" "${CAP:-160}" "$@"
+}
+# qcnet_seeds TAG "SEEDS" CAP OVERRIDES...: one QCNet convergence max run per seed on the cache in use
+qcnet_seeds() {
+  local tag=$1 seeds=$2 cap=$3; shift 3
+  for s in $seeds; do
+    local name="qcnet_conv_max${tag}_s${s}_warm"
+    run "$name" "$cap" $QCNET_CONV accel=max seed=$s "$@"; curve "$name" $QCNET_METRICS; facts "$name"
+  done
+}
 # MapTR nano with the recipe that learnt the bench set on the CPU (results/cpu2core-2026-12-05-backbone-bn)
 NANO="+experiment=convergence model=maptr model.size=nano model.optimizer.lr=2e-3 model.module.backbone_lr_mult=1.0"
 # auto_then_max NAME OVERRIDES...: accel=auto (numerics allowed) then max, training only, on one empty Inductor cache
