@@ -154,7 +154,11 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
     def to_target(r: pd.Series) -> str:
         wall = fmt(r["to_target_wall_s_median"], unit=" s")
         if wall:
-            return f"{wall}, step {r['to_target_steps_median']:.0f}"
+            text = f"{wall}, step {r['to_target_steps_median']:.0f}"
+            every = fmt(r.get("to_target_wall_s_median_all", math.nan), unit=" s")
+            if r["runs_reached"] < r["runs"] and every:  # the ratio stands on the median over every run
+                text += f" (over the {r['runs_reached']:.0f} that met it; over all {r['runs']:.0f}: {every})"
+            return text
         never = "not reached before the stop" if r.get("stopped_before_target", 0) == r["runs"] else "not reached"
         trained = fmt(r.get("not_reached_by_s", math.nan), unit=" s")
         return f"{never} (in {trained})" if trained else never
