@@ -137,14 +137,10 @@ def test_outside_training_a_signal_raises_where_the_program_is(handlers):
 
 def _maptr_run(tmp_path: Path, cache: Path) -> Any:
     """A real MapTR run (test size, ``accel=none``, no checkpoints) built as ``drivebench.app`` builds it."""
-    from hydra import compose, initialize_config_dir
-
     from drivebench.app import build_run
+    from drivebench.compose import compose
 
-    conf = Path(__file__).resolve().parents[1] / "drivebench" / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "model=maptr", "accel=none", "ckpt=none", f"paths.cache={cache}", f"paths.output_dir={tmp_path}"])
+    cfg = compose(["model=maptr", "accel=none", "ckpt=none", f"paths.cache={cache}", f"paths.output_dir={tmp_path}"])
     return build_run(cfg, tmp_path, progress=False)
 
 
