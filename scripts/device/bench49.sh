@@ -16,15 +16,18 @@
 export LIMIT=${LIMIT:-560}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 none_s2024() { resumable maptr_nano_conv_none_s2024_b49 48 val/mAP $NANO accel=none seed=2024 ckpt=local; }
+# max_seeds CAP: MapTR nano convergence max, seeds 2023 (on an emptied Inductor cache), 2024, 2025, each capped at CAP s
+max_seeds() {
+  cold maptr-nano
+  for s in 2023 2024 2025; do run maptr_nano_conv_max_s${s}_b49 "$1" $NANO accel=max seed=$s; curve maptr_nano_conv_max_s${s}_b49 val/mAP; done
+}
 case "$PART" in
   a) python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/test_qcnet_static_shapes.py 2>&1 \
        | grep -E "passed|failed|Error|assert|SKIP|>|^E " | tail -30 | tee -a "$OUT/log.txt"
-     cold maptr-nano
-     for s in 2023 2024 2025; do run maptr_nano_conv_max_s${s}_b49 200 $NANO accel=max seed=$s; curve maptr_nano_conv_max_s${s}_b49 val/mAP; done
+     max_seeds 200
      none_s2024 ;;
   b) none_s2024 ;;
-  d) cold maptr-nano
-     for s in 2023 2024 2025; do run maptr_nano_conv_max_s${s}_b49 120 $NANO accel=max seed=$s; curve maptr_nano_conv_max_s${s}_b49 val/mAP; done ;;
+  d) max_seeds 120 ;;
   c|bc) [[ $PART == bc ]] && none_s2024
      log "=== eval_precision (3 epochs, $(left)s left)"
      timeout $(( $(left) - 10 )) python3 scripts/device/eval_precision.py 3 2>&1 | grep "^{" | tee -a "$OUT/log.txt" ;;
