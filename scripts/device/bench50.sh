@@ -13,6 +13,10 @@
 #      run fills an empty Inductor cache for these numerics, then seeds 2023 and 2024 on it (CAP per seed, default 170)
 #   b  eager layers (compile off; bf16, TF32, graphs, padding kept): seeds 2023 and 2024, no compile to wait for
 #      (b24: ~41 s per epoch graphed without compile, so ~230 s a run)
+#   c  TF32 off (bf16, compile, graphs kept) on the cache a `bench39.sh c` call filled on this machine (kept warm):
+#      more seeds (SEEDS, default 2025 2026; CAP per seed, default 160). b41 n's two TF32-off runs (cut after epoch 3,
+#      GPU shared) matched `none` at epochs 2-3 (11.80 / 11.43 m against 11.83 / 11.44) where `max` trails (11.92 /
+#      11.63), and b31's fp32 run with TF32 on trailed: TF32 is the first suspect (2026-12-06, twenty-second session)
 #   Reading: a lag gone in a and present in b points at bf16/TF32; present in a and gone in b, at Inductor's kernels;
 #   present in both, at what both keep (padding, graphs, fused AdamW: the GPU tests cover graphs and the optimizer)
 export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
@@ -20,7 +24,8 @@ one_gpu_part "$1"
 case "$PART" in
   a) CAP=${CAP:-170} qcnet_warm _fp32 "${SEEDS:-2023 2024}" accel.precision=32-true accel.tf32=false ;;
   b) qcnet_seeds _eager "${SEEDS:-2023 2024}" "${CAP:-260}" accel.compile=false ;;
-  *) log "unknown part $PART (a, b)"; exit 2 ;;
+  c) reuse_cache qcnet_notf32; qcnet_seeds _notf32 "${SEEDS:-2025 2026}" "${CAP:-160}" accel.tf32=false ;;
+  *) log "unknown part $PART (a, b, c)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
