@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Helpers for benchmark scripts on the GPU machine: a time budget, one log streamed to $OUT as
 # each run finishes, and a cumulative tarball of run directories (summaries + TensorBoard).
-source scripts/device/setup.sh || exit 1
+# LIMIT counts from here, the wheels' install included, and a run's cap leaves its SIGKILL grace inside it: the
+# `run` tool's timeout then needs LIMIT plus the closing report only (~30 s); b50's calls, LIMIT 575 and 330 with
+# timeouts 600 and 360, ran past both (setup before START, caps ending at LIMIT - 15 plus a 20-s grace)
 START=$(date +%s)
+source scripts/device/setup.sh || exit 1
 LIMIT=${LIMIT:-560}
 RUNS=/tmp/runs
 rm -rf "$RUNS"  # a machine kept warm between calls still holds the previous call's runs
@@ -21,7 +24,8 @@ run() {
   local name=$1 cap=$2; shift 2
   local remaining; remaining=$(left)
   if (( remaining < 40 )); then log "SKIP $name (budget)"; return; fi
-  (( cap > remaining - 15 )) && cap=$(( remaining - 15 ))
+  local room=$(( remaining - 15 - ${KILL_GRACE:-5} ))
+  (( cap > room )) && cap=$room
   log "=== $name (cap ${cap}s, $(left)s left): $*"
   local t0; t0=$(date +%s)
   if [[ -n ${PIN:-} ]] && ! command -v taskset > /dev/null; then log "no taskset here: $name runs unpinned"; local PIN=; fi
@@ -113,7 +117,8 @@ TRAIN_ONLY="ckpt=none bench.ceiling=false bench.val_batches=0"
 # convergence run per seed on it (bench39 c: TF32 off; t: as configured, on an H100; bench50: fp32)
 qcnet_warm() {
   local tag=$1 seeds=$2; shift 2
-  cold "qcnet$tag"; run "qcnet_fill$tag" 240 model=qcnet $TRAIN_ONLY accel=max bench.steps=30 "$@"
+  # FILL_CAP: a cold QCNet compile fits 240 s on an H200 (b37) but not on an H100 (b50: cut, so the seeds compiled)
+  cold "qcnet$tag"; run "qcnet_fill$tag" "${FILL_CAP:-240}" model=qcnet $TRAIN_ONLY accel=max bench.steps=30 "$@"
   qcnet_seeds "$tag" "$seeds" "${CAP:-160}" "$@"
 }
 # qcnet_seeds TAG "SEEDS" CAP OVERRIDES...: one QCNet convergence max run per seed on the cache in use
