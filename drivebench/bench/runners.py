@@ -234,15 +234,31 @@ class TrainBench:
         """A completed run's last settings, then its bottleneck verdict: after ``_finish``, so that the verdict's
         advice reads what the run trained with (``accel=auto``'s choice), not what it started from (an H100 run of
         2026-12-05 trained in bf16, compiled, and was advised to try both)."""
-        summary["settings"].update(run.module.summary_settings())
-        if run.compiled_units:
-            summary["settings"]["compile_report"] = compile_report()
-        if run.module.graphed_loss is not None:
-            summary["settings"]["cuda_graphs"] = {"status": run.cuda_graphs, **run.module.cuda_graphs_report()}
         self._finish(run, summary, "completed")
         summary["bottleneck"] = diagnose(summary)
 
+    @staticmethod
+    def _record_acceleration(run: Run, summary: dict[str, Any]) -> None:
+        """What the module and the compiler did so far (padding, CUDA graphs, compile phases and cache hits), for a
+        run that ends in any way: a run stopped by its cap keeps where its warm start went (five capped QCNet
+        runs of 2026-12-06 wrote summaries without it)."""
+        module = getattr(run, "module", None)
+        if module is None:
+            return
+        settings = summary.setdefault("settings", {})
+        settings.update(module.summary_settings())
+        if getattr(run, "compiled_units", None):
+            settings["compile_report"] = compile_report()
+        if getattr(module, "graphed_loss", None) is not None:
+            settings["cuda_graphs"] = {"status": run.cuda_graphs, **module.cuda_graphs_report()}
+
     def _finish(self, run: Run, summary: dict[str, Any], status: str) -> None:
+        try:
+            self._record_acceleration(run, summary)
+        except Exception:  # a run that failed or was stopped: its summary matters more than these facts
+            if status == "completed":
+                raise
+            log.warning("summary: the acceleration facts of this %s run were not recorded", status, exc_info=True)
         summary["run"]["finished"] = dt.datetime.now().isoformat(timespec="seconds")
         summary["run"]["wall_s"] = time.time() - run.started
         summary["run"]["status"] = status
