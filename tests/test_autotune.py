@@ -476,39 +476,6 @@ def test_an_interrupted_run_keeps_the_trial_table_in_its_summary(tmp_path):
     assert 0.09 < written["autotune"]["cost_fraction_of_run"] < 0.11  # 12 s of a ~120 s run
 
 
-def test_an_interrupted_run_keeps_its_compile_and_cuda_graph_facts(tmp_path):
-    """A run stopped by its cap still says where its start went: five QCNet runs capped on an H100 (2026-12-06)
-    wrote summaries without their compile report and graph captures, the figures the call was made for."""
-    import signal
-    import time
-    from types import SimpleNamespace
-
-    from drivebench.bench.runners import TrainBench
-
-    graphs = {"graphs": 2, "capture_s": [17.2, 2.4], "padding": {"buckets": 2}}
-    module = SimpleNamespace(summary_settings=lambda: {"precision": "bf16-mixed"}, graphed_loss=object(),
-                             cuda_graphs_report=lambda: dict(graphs))
-    run = SimpleNamespace(cfg=OmegaConf.create({"requeue": False, "ckpt": {"callback": None}}), output_dir=tmp_path,
-                          started=time.time() - 60.0, autotune=None, module=module, compiled_units=["net"],
-                          cuda_graphs="on")
-    bench = TrainBench()
-    bench.stopped, bench._trainer, bench._phase = None, None, "training"
-    bench._interrupted(run, None, {"run": {}, "paths": {}, "settings": {}}, signal.SIGTERM)
-    written = json.loads((tmp_path / "summary.json").read_text())
-    assert written["run"]["status"] == "interrupted"
-    assert written["settings"]["cuda_graphs"] == {"status": "on", **graphs}
-    assert written["settings"]["precision"] == "bf16-mixed"
-    assert {"graphs", "compile_s", "fx_graph_cache"} <= set(written["settings"]["compile_report"])
-
-    def broken() -> dict:
-        raise RuntimeError("stopped mid-capture")
-
-    module.cuda_graphs_report = broken  # the facts fail: the summary of the stopped run is still written
-    (tmp_path / "summary.json").unlink()
-    bench._interrupted(run, None, {"run": {}, "paths": {}, "settings": {}}, signal.SIGTERM)
-    assert json.loads((tmp_path / "summary.json").read_text())["run"]["status"] == "interrupted"
-
-
 def test_a_completed_auto_run_records_and_is_advised_on_the_settings_the_trial_chose(tmp_path):
     """The summary's settings, its checkpointing record and its bottleneck advice all follow the trial's choice:
     an H100 run of 2026-12-05 (GaussianFormer) trained in bf16, compiled, checkpointing off, and its summary said
