@@ -4,16 +4,17 @@
 
 EXTRACTED_DIR holds each results folder's runs.tgz extracted into a folder of its own (any depth); a run folder's
 name says its variant (`_none_`, `_max_`, `_max32_` precision 32-true, `_max_notf32_` TF32 off, `_maxdyn_`
-compile_dynamic). Prints per epoch: mean (number of runs, min-max) of `fit/val/minFDE` from the run's TensorBoard file.
+compile_dynamic). Read with the report's own loader (completed and stopped runs); prints per epoch: mean (number
+of runs, min-max) of val/minFDE.
 """
 from __future__ import annotations
 
-import re
 import statistics
 import sys
 from pathlib import Path
 
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from drivebench.report import load_runs
+from drivebench.report.convergence import validation_curve
 
 VARIANTS = (("_none_", "none"), ("_max_notf32_", "max, TF32 off"), ("_max32_", "max, fp32 (TF32 on)"),
             ("_maxdyn_", "max, compile_dynamic"), ("_max_", "max"))
@@ -24,14 +25,15 @@ def variant(name: str) -> str:
 
 
 def main(root: Path) -> None:
+    found = load_runs([root])
     groups: dict[str, list[list[float]]] = {}
-    for tb in sorted(root.glob("**/qcnet_conv_*/tb")):
-        acc = EventAccumulator(str(tb), size_guidance={"scalars": 0})
-        acc.Reload()
-        if "fit/val/minFDE" not in acc.Tags()["scalars"]:
+    for run_dir in sorted({*found.runs.get("run_dir", []), *found.stopped.get("run_dir", [])}):
+        name = Path(run_dir).name
+        if not name.startswith("qcnet_conv_"):
             continue
-        curve = [s.value for s in sorted(acc.Scalars("fit/val/minFDE"), key=lambda s: s.step)]
-        groups.setdefault(variant(tb.parent.name), []).append(curve)
+        curve = list(validation_curve(found.scalars, run_dir, "val/minFDE")["value"])
+        if curve:
+            groups.setdefault(variant(name), []).append(curve)
     for label, curves in groups.items():
         cells = []
         for epoch in range(max(map(len, curves))):

@@ -4,7 +4,7 @@ and the same batch: only the arithmetic can differ) and the first step where the
     python same_seed_steps.py EXTRACTED_DIR
 
 EXTRACTED_DIR as for lag_by_variant.py; only `qcnet_conv_none_s*` and `qcnet_conv_max_s*` runs (the default
-settings) with at least 300 logged steps of `fit/train/loss`.
+settings) with at least 300 logged steps of train/loss, read with the report's own loader.
 """
 from __future__ import annotations
 
@@ -14,20 +14,19 @@ import statistics
 import sys
 from pathlib import Path
 
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from drivebench.report import load_runs
+from drivebench.report.convergence import validation_curve
 
 
 def main(root: Path) -> None:
+    found = load_runs([root])
     runs: dict[tuple[str, str], list[dict[int, float]]] = {}
-    for tb in sorted(root.glob("**/qcnet_conv_*/tb")):
-        match = re.match(r"qcnet_conv_(none|max)_s(20\d\d)", tb.parent.name)
+    for run_dir in sorted({*found.runs.get("run_dir", []), *found.stopped.get("run_dir", [])}):
+        match = re.match(r"qcnet_conv_(none|max)_s(20\d\d)", Path(run_dir).name)
         if not match:
             continue
-        acc = EventAccumulator(str(tb), size_guidance={"scalars": 0})
-        acc.Reload()
-        if "fit/train/loss" not in acc.Tags()["scalars"]:
-            continue
-        losses = {s.step: s.value for s in acc.Scalars("fit/train/loss")}
+        series = validation_curve(found.scalars, run_dir, "train/loss")  # any logged series, in step order
+        losses = dict(zip(series["step"].astype(int), series["value"]))
         if len(losses) >= 300:
             runs.setdefault(match.groups(), []).append(losses)
     for (setting, seed), group in sorted(runs.items()):
