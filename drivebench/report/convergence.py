@@ -289,6 +289,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
         finals = part["final"].dropna()
         # each run's time to target, or its floor where it did not meet it
         floors = part[wall].where(part[state] == "reached", part["training_s"])
+        unreached_s = part.loc[part[state] != "reached", "training_s"]  # what the runs that never met it trained
         out.append({
             **dict(zip([*GROUP, "setting"], keys)),
             "runs": len(part),
@@ -310,16 +311,17 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             "to_target_wall_s_min": float(reached[wall].min()) if len(reached) else math.nan,
             "to_target_wall_s_max": float(reached[wall].max()) if len(reached) else math.nan,
             "to_target_wall_s_floor_median": float(floors.median()),
-            "to_target_wall_s_median_all": median_if_known(reached[wall], part.loc[part[state] != "reached", "training_s"]),
+            "to_target_wall_s_median_all": median_if_known(reached[wall], unreached_s),
             "to_target_wall_s_floor_min": float(floors.min()),
             # the longest a run that did not meet it trained for: "not met in the first N s"
-            "not_reached_by_s": float(part.loc[part[state] != "reached", "training_s"].max()) if len(reached) < len(part) else math.nan,
+            "not_reached_by_s": float(unreached_s.max()) if len(unreached_s) else math.nan,
             # the one-time cost inside those seconds (a cold compile decides a short schedule)
             "compile_s_median": float(part["compile_s"].median()) if "compile_s" in part else math.nan,
             "compile_cache": (",".join(sorted(set(part["compile_cache"].dropna()))) or None) if "compile_cache" in part else None,
             # the pace: to the first validation (the one-time start in it), then between validations
             "first_validation_s_median": float(part["first_validation_s"].median()),
             "between_validations_s_median": float(part["between_validations_s"].median()),
+            "curves": list(part["curve"]),  # for the gap at equal steps against this group's none runs
         })
     table = pd.DataFrame(out)
     for _, part in table.groupby(GROUP, dropna=False, sort=False):
@@ -342,9 +344,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             table.loc[index, "same_as_none"] = same_convergence(row["final_mean"], row["final_spread"], b["final_mean"],
                                                                 b["final_spread"], row["finals"], b["finals"])
             if row["setting"] != BASELINE_SETTING:
-                on_machine = _same_work(rows, row, row["setting"]) & (rows["machine"] == row["machine"])
-                none_here = _same_work(rows, row, BASELINE_SETTING) & (rows["machine"] == row["machine"])
-                gap = gap_at_equal_steps(rows.loc[on_machine, "curve"], rows.loc[none_here, "curve"], target)
+                gap = gap_at_equal_steps(pd.Series(row["curves"]), pd.Series(b["curves"]), target)
                 for key, value in zip(("behind_none_at_equal_steps", "none_spread_at_equal_steps", "equal_steps"), gap):
                     table.loc[index, key] = value
     _judge_over_every_machine(table, rows, target)
