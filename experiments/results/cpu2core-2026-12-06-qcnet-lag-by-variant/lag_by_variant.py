@@ -12,6 +12,9 @@ from __future__ import annotations
 import statistics
 import sys
 from pathlib import Path
+from typing import Iterator
+
+import pandas as pd
 
 from drivebench.report import load_runs
 from drivebench.report.convergence import validation_curve
@@ -24,14 +27,21 @@ def variant(name: str) -> str:
     return next(label for key, label in VARIANTS if key in f"_{name}_")
 
 
-def main(root: Path) -> None:
+def qcnet_runs(root: Path) -> Iterator[tuple[str, pd.DataFrame, pd.DataFrame]]:
+    """(run folder name, its validation curve of val/minFDE, its train/loss series) of every QCNet convergence run
+    under ``root`` the report's loader reads (completed, or stopped by a signal)."""
     found = load_runs([root])
-    groups: dict[str, list[list[float]]] = {}
     for run_dir in sorted({*found.runs.get("run_dir", []), *found.stopped.get("run_dir", [])}):
         name = Path(run_dir).name
-        if not name.startswith("qcnet_conv_"):
-            continue
-        curve = list(validation_curve(found.scalars, run_dir, "val/minFDE")["value"])
+        if name.startswith("qcnet_conv_"):
+            yield (name, validation_curve(found.scalars, run_dir, "val/minFDE"),
+                   validation_curve(found.scalars, run_dir, "train/loss"))  # any logged series, in step order
+
+
+def main(root: Path) -> None:
+    groups: dict[str, list[list[float]]] = {}
+    for name, val, _ in qcnet_runs(root):
+        curve = list(val["value"])
         if curve:
             groups.setdefault(variant(name), []).append(curve)
     for label, curves in groups.items():

@@ -3,7 +3,8 @@ and the same batch: only the arithmetic can differ) and the first step where the
 
     python same_seed_steps.py EXTRACTED_DIR
 
-EXTRACTED_DIR as for lag_by_variant.py; only `qcnet_conv_none_s*` and `qcnet_conv_max_s*` runs (the default
+EXTRACTED_DIR as for lag_by_variant.py, whose reading of the runs it imports; only `qcnet_conv_none_s*` and
+`qcnet_conv_max_s*` runs (the default
 settings) with at least 300 logged steps of train/loss, read with the report's own loader.
 """
 from __future__ import annotations
@@ -14,18 +15,15 @@ import statistics
 import sys
 from pathlib import Path
 
-from drivebench.report import load_runs
-from drivebench.report.convergence import validation_curve
+from lag_by_variant import qcnet_runs  # the folder's other script: the same runs, read the same way
 
 
 def main(root: Path) -> None:
-    found = load_runs([root])
     runs: dict[tuple[str, str], list[dict[int, float]]] = {}
-    for run_dir in sorted({*found.runs.get("run_dir", []), *found.stopped.get("run_dir", [])}):
-        match = re.match(r"qcnet_conv_(none|max)_s(20\d\d)", Path(run_dir).name)
+    for name, _, series in qcnet_runs(root):
+        match = re.match(r"qcnet_conv_(none|max)_s(20\d\d)", name)
         if not match:
             continue
-        series = validation_curve(found.scalars, run_dir, "train/loss")  # any logged series, in step order
         losses = dict(zip(series["step"].astype(int), series["value"]))
         if len(losses) >= 300:
             runs.setdefault(match.groups(), []).append(losses)
