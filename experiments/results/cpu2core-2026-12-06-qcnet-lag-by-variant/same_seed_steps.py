@@ -3,9 +3,9 @@ and the same batch: only the arithmetic can differ) and the first step where the
 
     python same_seed_steps.py EXTRACTED_DIR
 
-EXTRACTED_DIR as for lag_by_variant.py, whose reading of the runs it imports; only `qcnet_conv_none_s*` and
-`qcnet_conv_max_s*` runs (the default
-settings) with at least 300 logged steps of train/loss, read with the report's own loader.
+EXTRACTED_DIR as for lag_by_variant.py, whose reading of the runs (the report's own loader) it imports; only
+`qcnet_conv_none_s*` and `qcnet_conv_max_s*` runs (the default settings) with at least 300 logged steps of
+train/loss.
 """
 from __future__ import annotations
 
