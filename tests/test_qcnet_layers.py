@@ -150,3 +150,35 @@ def test_trajectory_gru_matches_nn_gru_eager_and_unrolled():
     torch.testing.assert_close(ours(x, h0), want)
     torch.testing.assert_close(ours._unrolled(x, h0), want, atol=1e-6, rtol=1e-5)
     assert [n for n, _ in ours.named_parameters()] == [n for n, _ in ref.named_parameters()]
+
+
+def test_trajectory_gru_keeps_float32_under_bf16_autocast_eager_and_compiled():
+    """The recurrence runs in float32 whatever autocast says (CUDA autocast would run cuDNN's GRU in float16,
+    without loss scaling under bf16-mixed); a bf16 input is taken as it is. Compiled (the unrolled path) its
+    matmuls would otherwise be bf16."""
+    torch.manual_seed(0)
+    gru = TrajectoryGRU(16, 16)
+    x, h0 = torch.randn(30, 8, 16), torch.randn(8, 16)
+    want = gru(x, h0)
+    compiled = torch.compile(gru, backend="eager", fullgraph=True)
+    torch._dynamo.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager, unrolled = gru(x.bfloat16(), h0), compiled(x, h0)
+    torch._dynamo.reset()
+    assert eager.dtype == unrolled.dtype == torch.float32
+    torch.testing.assert_close(eager, gru(x.bfloat16().float(), h0))
+    torch.testing.assert_close(unrolled, want, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA autocast's cuDNN GRU")
+def test_trajectory_gru_keeps_float32_under_cuda_bf16_autocast():
+    torch.manual_seed(0)
+    gru = TrajectoryGRU(128, 128).cuda()
+    x, h0 = torch.randn(60, 64, 128, device="cuda"), torch.randn(64, 128, device="cuda")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    want = gru(x, h0)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = gru(x, h0)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

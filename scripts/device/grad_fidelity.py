@@ -9,7 +9,7 @@ identical weights and batches (dropout off, so the only difference is the arithm
     python scripts/device/grad_fidelity.py cpu                                            # test size, random scenes
 
 Variants: fp32 again (the reference's own run-to-run noise: atomics), TF32, bf16 autocast, bf16 autocast on padded
-batches (what CUDA graphs train on), then, with 120 s of BUDGET_S (counted from the start) left, the compiled layers (Inductor) in fp32 and
+batches (what CUDA graphs train on), bf16 with the trajectory GRU under autocast as before the fix (cuDNN's float16 on CUDA), then, with 120 s of BUDGET_S (counted from the start) left, the compiled layers (Inductor) in fp32 and
 in bf16. Per variant one JSON line: the relative error ||g - g_ref|| / ||g_ref|| of each part's gradient over all
 batches, the cosine of the whole gradient, and the losses' mean relative difference.
 """
@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from drivebench.models.qcnet import QCNetLoss, make_transform
+from drivebench.models.qcnet.layers import TrajectoryGRU
 
 DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cuda"
 EPOCHS = int(sys.argv[2]) if len(sys.argv) > 2 else 1
@@ -161,6 +162,21 @@ def main() -> None:
     for label, data, bf16, tf32 in variants:
         t = time.time()
         compare(label, ref, gradients(net, data, bf16, tf32), time.time() - t)
+    # before the fix: the GRU under autocast, which on CUDA runs cuDNN's GRU in float16 (PyTorch's autocast wrapper
+    # of cuDNN RNNs casts to half whatever the autocast dtype), with no loss scaling under bf16
+    fixed_gru = TrajectoryGRU.forward
+
+    def gru_under_autocast(self, x, h0):
+        if torch.compiler.is_compiling():
+            return self._unrolled(x, h0)
+        weights = (self.weight_ih_l0, self.weight_hh_l0, self.bias_ih_l0, self.bias_hh_l0)
+        out = torch.gru(x.to(h0.dtype), h0.unsqueeze(0).contiguous(), weights, True, 1, 0.0, self.training, False, False)
+        return out[1].squeeze(0)
+
+    TrajectoryGRU.forward = gru_under_autocast
+    t = time.time()
+    compare("bf16, GRU under autocast (before the fix)", ref, gradients(net, batches, True, False), time.time() - t)
+    TrajectoryGRU.forward = fixed_gru
     from types import SimpleNamespace
 
     from drivebench.accel.compile import apply_compile

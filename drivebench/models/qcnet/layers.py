@@ -250,15 +250,22 @@ class TrajectoryGRU(nn.Module):
         nn.init.zeros_(self.bias_hh_l0)
 
     def forward(self, x: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
-        """``x`` (T, N, C), ``h0`` (N, H) -> final hidden state (N, H)."""
-        if torch.compiler.is_compiling():
-            return self._unrolled(x, h0)
-        weights = (self.weight_ih_l0, self.weight_hh_l0, self.bias_ih_l0, self.bias_hh_l0)
-        with warnings.catch_warnings():
-            # cuDNN copies the four weights into one buffer per call (~0.1M values) and warns about it
-            warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous")
-            out = torch.gru(x.to(h0.dtype), h0.unsqueeze(0).contiguous(), weights, True, 1, 0.0, self.training,
-                            False, False)
+        """``x`` (T, N, C), ``h0`` (N, H) -> final hidden state (N, H), computed in float32 under any autocast.
+
+        Why float32: CUDA autocast runs ``torch.gru`` through cuDNN in float16 whatever its own dtype (PyTorch's
+        autocast wrapper of cuDNN RNNs casts to half), so under ``bf16-mixed``, which has no loss scaling, the
+        recurrence over the 60 future steps and its backward ran in float16, and every gradient that reaches
+        the refinement stage's trajectory embedding passes through it. The GRU is a small share of a step.
+        """
+        with torch.autocast(x.device.type, enabled=False):
+            x, h0 = x.float(), h0.float()
+            if torch.compiler.is_compiling():
+                return self._unrolled(x, h0)
+            weights = (self.weight_ih_l0, self.weight_hh_l0, self.bias_ih_l0, self.bias_hh_l0)
+            with warnings.catch_warnings():
+                # cuDNN copies the four weights into one buffer per call (~0.1M values) and warns about it
+                warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous")
+                out = torch.gru(x, h0.unsqueeze(0).contiguous(), weights, True, 1, 0.0, self.training, False, False)
         return out[1].squeeze(0)
 
     def _unrolled(self, x: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
