@@ -10,12 +10,10 @@
 #      after one epoch at none: each of `max`'s arithmetic knobs, and the GRU as before the fix, against fp32's
 #      gradients on the same weights and batches, dropout off) in what is left
 #   m  MapTR nano `max` seeds 2023 (cold), 2024, 2025 (bench49 d; on an H200: its `none` runs of b39/b42 stand)
-#   e  QCNet `max` with compile off (bench50 b), SEEDS (default 2023 2024)
 export LIMIT=${LIMIT:-565}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 log "card: $CARD"
-eager_seeds() { qcnet_seeds _eager "$1" "${CAP:-250}" accel.compile=false; }
 case "$PART" in
   a) [[ $CARD == *H100* ]] && FILL_CAP=${FILL_CAP:-330}
      CAP=${CAP:-160} qcnet_warm _gru32 "${SEEDS:-2023 2024}" ;;
@@ -26,8 +24,7 @@ case "$PART" in
      fi ;;
   m) cold maptr-nano
      for s in 2023 2024 2025; do run maptr_nano_conv_max_s${s}_b51 120 $NANO accel=max seed=$s; curve maptr_nano_conv_max_s${s}_b51 val/mAP; done ;;
-  e) eager_seeds "${SEEDS:-2023 2024}" ;;
-  *) log "unknown part $PART (a, b, m, e)"; exit 2 ;;
+  *) log "unknown part $PART (a, b, m)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"

@@ -6,11 +6,12 @@ training losses too, so the optimisation itself is slower. A convergence run per
 identical weights and batches (dropout off, so the only difference is the arithmetic), which is deterministic.
 
     python scripts/device/grad_fidelity.py cuda [EPOCHS] [BATCHES] [BUDGET_S]   # bench set, after EPOCHS at none
-    python scripts/device/grad_fidelity.py cpu                                            # test size, random scenes
+    python scripts/device/grad_fidelity.py cpu                                  # test size, random scenes
 
 Variants: fp32 again (the reference's own run-to-run noise: atomics), TF32, bf16 autocast, bf16 autocast on padded
-batches (what CUDA graphs train on), bf16 with the trajectory GRU under autocast as before the fix (cuDNN's float16 on CUDA), then, with 120 s of BUDGET_S (counted from the start) left, the compiled layers (Inductor) in fp32 and
-in bf16. Per variant one JSON line: the relative error ||g - g_ref|| / ||g_ref|| of each part's gradient over all
+batches (what CUDA graphs train on), bf16 with the trajectory GRU under autocast as before 62f3910 (cuDNN's float16
+on CUDA), then, while 120 s of BUDGET_S (counted from the start) are left, the compiled layers (Inductor) in fp32
+and in bf16. Per variant one JSON line: the relative error ||g - g_ref|| / ||g_ref|| of each part's gradient over all
 batches, the cosine of the whole gradient, and the losses' mean relative difference.
 """
 
@@ -21,11 +22,14 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
+from lightning.pytorch.utilities import move_data_to_device
 from torch import nn
 
+from drivebench.accel.compile import apply_compile
 from drivebench.models.qcnet import QCNetLoss, make_transform
 from drivebench.models.qcnet.layers import TrajectoryGRU
 
@@ -41,8 +45,14 @@ def part_of(name: str) -> str:
     return ".".join(name.split(".")[:2])
 
 
-def to_device(batch: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.to(DEVICE, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+def gru_as_before_62f3910(self: TrajectoryGRU, x: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+    """``TrajectoryGRU.forward`` before 62f3910: under autocast, which on CUDA runs cuDNN's GRU in float16
+    (PyTorch's autocast wrapper of cuDNN RNNs casts to half whatever the autocast dtype), unscaled under bf16."""
+    if torch.compiler.is_compiling():
+        return self._unrolled(x, h0)
+    weights = (self.weight_ih_l0, self.weight_hh_l0, self.bias_ih_l0, self.bias_hh_l0)
+    out = torch.gru(x.to(h0.dtype), h0.unsqueeze(0).contiguous(), weights, True, 1, 0.0, self.training, False, False)
+    return out[1].squeeze(0)
 
 
 def trained_net_and_batches() -> tuple[nn.Module, list[dict[str, Any]], Callable[[dict[str, Any]], dict[str, Any]]]:
@@ -150,7 +160,7 @@ def main() -> None:
     for module in net.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0  # the arithmetic alone: dropout masks would differ between any two passes
-    batches = [to_device(b) for b in batches]
+    batches = [move_data_to_device(b, DEVICE) for b in batches]
     padded = [pad(b) for b in batches]
     t = time.time()
     ref = gradients(net, batches, bf16=False, tf32=False)
@@ -162,25 +172,10 @@ def main() -> None:
     for label, data, bf16, tf32 in variants:
         t = time.time()
         compare(label, ref, gradients(net, data, bf16, tf32), time.time() - t)
-    # before the fix: the GRU under autocast, which on CUDA runs cuDNN's GRU in float16 (PyTorch's autocast wrapper
-    # of cuDNN RNNs casts to half whatever the autocast dtype), with no loss scaling under bf16
-    fixed_gru = TrajectoryGRU.forward
-
-    def gru_under_autocast(self, x, h0):
-        if torch.compiler.is_compiling():
-            return self._unrolled(x, h0)
-        weights = (self.weight_ih_l0, self.weight_hh_l0, self.bias_ih_l0, self.bias_hh_l0)
-        out = torch.gru(x.to(h0.dtype), h0.unsqueeze(0).contiguous(), weights, True, 1, 0.0, self.training, False, False)
-        return out[1].squeeze(0)
-
-    TrajectoryGRU.forward = gru_under_autocast
+    fixed_gru, TrajectoryGRU.forward = TrajectoryGRU.forward, gru_as_before_62f3910
     t = time.time()
     compare("bf16, GRU under autocast (before the fix)", ref, gradients(net, batches, True, False), time.time() - t)
     TrajectoryGRU.forward = fixed_gru
-    from types import SimpleNamespace
-
-    from drivebench.accel.compile import apply_compile
-
     # the harness's own compile step (every attention layer and Fourier embedding, the raised recompile limit)
     apply_compile(net, SimpleNamespace(compile=True, compile_mode="default", compile_dynamic=None))
     for label, data, bf16 in (("compiled fp32 padded", padded, False), ("compiled bf16 padded", padded, True)):

@@ -14,6 +14,7 @@ import time
 import torch
 import torch._dynamo
 import torch._dynamo.utils as dynamo_utils
+from lightning.pytorch.utilities import move_data_to_device
 
 from drivebench.models import create_model
 from drivebench.models.qcnet import QCNetLoss, make_transform
@@ -30,10 +31,6 @@ def float_entry(self, x, r, edge_index, group_size=1):
     return ORIGINAL(self, x, r, edge_index, group_size)
 
 
-def to_device(batch: dict) -> dict:
-    return {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
 def count(variant: str) -> dict:
     AttentionLayer.forward = float_entry if variant == "float entry" else ORIGINAL
     torch._dynamo.reset()
@@ -46,7 +43,8 @@ def count(variant: str) -> dict:
     transform = make_transform(SIZE)
     t0 = time.perf_counter()
     for agents, polygons in ((30, 80), (36, 96)):
-        batch = to_device(random_batch(transform, num_scenes=4, num_agents=agents, num_polygons=polygons, extent=100.0))
+        scene = random_batch(transform, num_scenes=4, num_agents=agents, num_polygons=polygons, extent=100.0)
+        batch = move_data_to_device(scene, DEVICE)
         with torch.autocast(DEVICE, dtype=torch.bfloat16):
             loss = loss_fn(net(batch), batch)["loss"]
         loss.backward()
