@@ -148,6 +148,7 @@ def compare(label: str, ref: Result, got: Result, seconds: float) -> None:
         "rel_err_all": round((sum(num.values()) / sum(den.values())) ** 0.5, 5),
         "cosine_per_batch_min": round(float(cosine.min()), 6),
         "loss_rel_diff_mean": round(sum(abs(a - b) / abs(b) for a, b in zip(l, l_ref)) / len(l), 6),
+        "loss_signed_diff_mean": round(sum(a - b for a, b in zip(l, l_ref)) / len(l), 6),  # a bias, or noise
         "outputs_rel_err": output_error(o_ref, o),
         "worst_parts": dict(sorted(((p, round((num[p] / den[p]) ** 0.5, 5)) for p in num if den[p] > 0),
                                    key=lambda kv: -kv[1])[:8]),
