@@ -172,11 +172,12 @@ def test_trajectory_gru_keeps_float32_under_bf16_autocast_eager_and_compiled():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA autocast's cuDNN GRU")
-def test_trajectory_gru_keeps_float32_under_cuda_bf16_autocast():
+def test_trajectory_gru_keeps_float32_under_cuda_bf16_autocast(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # restored after the test, not left for the next
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     torch.manual_seed(0)
     gru = TrajectoryGRU(128, 128).cuda()
     x, h0 = torch.randn(60, 64, 128, device="cuda"), torch.randn(64, 128, device="cuda")
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     want = gru(x, h0)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         got = gru(x, h0)
