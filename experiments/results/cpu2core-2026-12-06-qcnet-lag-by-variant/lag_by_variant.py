@@ -17,6 +17,7 @@ from typing import Iterator
 import pandas as pd
 
 from drivebench.report import load_runs
+from drivebench.report.loading import RunSet
 from drivebench.report.convergence import validation_curve
 
 VARIANTS = (("_none_", "none"), ("_max_notf32_", "max, TF32 off"), ("_max32_", "max, fp32 (TF32 on)"),
@@ -27,15 +28,19 @@ def variant(name: str) -> str:
     return next(label for key, label in VARIANTS if key in f"_{name}_")
 
 
+def qcnet_run_dirs(found: RunSet) -> list[str]:
+    """Every QCNet convergence run the report's loader read (completed, or stopped by a signal)."""
+    every = sorted({*found.runs.get("run_dir", []), *found.stopped.get("run_dir", [])})
+    return [run_dir for run_dir in every if Path(run_dir).name.startswith("qcnet_conv_")]
+
+
 def qcnet_runs(root: Path) -> Iterator[tuple[str, pd.DataFrame, pd.DataFrame]]:
     """(run folder name, its validation curve of val/minFDE, its train/loss series) of every QCNet convergence run
-    under ``root`` the report's loader reads (completed, or stopped by a signal)."""
+    under ``root``."""
     found = load_runs([root])
-    for run_dir in sorted({*found.runs.get("run_dir", []), *found.stopped.get("run_dir", [])}):
-        name = Path(run_dir).name
-        if name.startswith("qcnet_conv_"):
-            yield (name, validation_curve(found.scalars, run_dir, "val/minFDE"),
-                   validation_curve(found.scalars, run_dir, "train/loss"))  # any logged series, in step order
+    for run_dir in qcnet_run_dirs(found):
+        yield (Path(run_dir).name, validation_curve(found.scalars, run_dir, "val/minFDE"),
+               validation_curve(found.scalars, run_dir, "train/loss"))  # any logged series, in step order
 
 
 def main(root: Path) -> None:

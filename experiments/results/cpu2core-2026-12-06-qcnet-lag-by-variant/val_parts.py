@@ -15,17 +15,18 @@ from pathlib import Path
 import pandas as pd
 
 from drivebench.report import load_runs
-from lag_by_variant import variant
+from lag_by_variant import qcnet_run_dirs, variant
 
 TAGS = ("val/reg_loss_propose", "val/reg_loss_refine", "val/cls_loss", "val/minADE", "val/minFDE", "val/MR")
 
 
 def per_epoch(root: Path) -> pd.DataFrame:
     """One row per (run, tag, epoch) of the QCNet convergence runs under ``root``: the values logged at epoch ends."""
-    scalars = load_runs([root]).scalars
-    scalars = scalars.assign(name=scalars["run"].map(lambda r: Path(r).name))
-    scalars = scalars[scalars["name"].str.startswith("qcnet_conv_") & (scalars["phase"] == "train")
+    found = load_runs([root])
+    scalars = found.scalars
+    scalars = scalars[scalars["run_dir"].isin(qcnet_run_dirs(found)) & (scalars["phase"] == "train")
                       & scalars["tag"].isin(TAGS)].sort_values("step")
+    scalars = scalars.assign(name=scalars["run_dir"].map(lambda r: Path(r).name))
     scalars = scalars.assign(variant=scalars["name"].map(variant), seed=scalars["name"].str.extract(r"_s(\d{4})")[0],
                              epoch=scalars.groupby(["run_dir", "tag"]).cumcount() + 1)
     return scalars
