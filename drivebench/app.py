@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from drivebench.accel.compile import apply_compile, to_channels_last, use_compile_cache
+from drivebench.accel.compile import apply_compile, shape_profile_key, to_channels_last, use_compile_cache
 from drivebench.accel.cuda_graphs import settle_cuda_graphs
 from drivebench.accel.settings import AccelSettings
 from drivebench.accel.threads import ThreadBudget
@@ -262,7 +262,7 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     if accel.channels_last:
         to_channels_last(net)
     accel.compile_cache = use_compile_cache(accel.compile_cache, cfg.paths.cache)  # before anything compiles
-    compiled = apply_compile(net, accel)
+    compiled = apply_compile(net, accel, shape_profile_key(OmegaConf.to_container(cfg.model, resolve=True), accel))
     device_transform = _device_transform(transform, net, accel)
     if device_transform is not None and getattr(device_transform, "compiles", False):
         compiled.append("device_transform")

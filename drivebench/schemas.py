@@ -102,6 +102,7 @@ class AccelConfig:
     compile_mode: str = MISSING
     compile_dynamic: Optional[bool] = MISSING
     compile_cache: str = MISSING
+    compile_shape_profile: Any = MISSING
     precision: str = MISSING
     tf32: Any = MISSING
     cudnn_benchmark: Any = MISSING

@@ -1,6 +1,9 @@
 """The summary's compile report: where compilation's time went, and whether Inductor's on-disk cache served it."""
 
 import json
+import os
+import subprocess
+import sys
 
 import torch
 from omegaconf import OmegaConf
@@ -147,3 +150,63 @@ def test_an_interrupted_run_keeps_its_compile_and_cuda_graph_facts(tmp_path):
     (tmp_path / "summary.json").unlink()
     bench._interrupted(run, None, {"run": {}, "paths": {}, "settings": {}}, signal.SIGTERM)
     assert json.loads((tmp_path / "summary.json").read_text())["run"]["status"] == "interrupted"
+
+
+def test_shape_profile_key_names_the_setup_and_changes_with_what_fixes_shapes():
+    from drivebench.accel.compile import shape_profile_key
+    from drivebench.accel.settings import AccelSettings
+    from drivebench.perf.machine import detect_machine
+
+    cfg = OmegaConf.to_container(OmegaConf.load("drivebench/conf/accel/none.yaml"))
+    settings = AccelSettings.resolve({**cfg, "threads": "default"}, detect_machine("cpu"))
+    model = {"name": "qcnet", "size": "paper", "batch_size": 4, "net": {"hidden": 128}, "optimizer": {"lr": 5e-4}}
+    key = shape_profile_key(model, settings)
+    assert key.startswith("drivebench-qcnet-paper-b4-32-true-")
+    assert shape_profile_key({**model, "optimizer": {"lr": 1e-3}}, settings) == key  # the schedule fixes no shape
+    assert shape_profile_key({**model, "size": "test"}, settings) != key
+    assert shape_profile_key({**model, "net": {"hidden": 32}}, settings) != key
+    settings.cuda_graphs = "on"
+    assert shape_profile_key(model, settings) != key
+
+
+def test_use_shape_profile_sets_and_clears_its_own_job_id_and_leaves_a_users_alone(monkeypatch):
+    from drivebench.accel.compile import use_shape_profile
+
+    monkeypatch.setattr(torch.compiler.config, "job_id", None)
+    assert use_shape_profile("drivebench-a") == "drivebench-a" == torch.compiler.config.job_id
+    assert use_shape_profile("drivebench-b") == "drivebench-b"  # the next run in this process (a multirun)
+    assert use_shape_profile(None) is None and torch.compiler.config.job_id is None
+    monkeypatch.setattr(torch.compiler.config, "job_id", "mine")
+    assert use_shape_profile("drivebench-a") == "mine" and use_shape_profile(None) == "mine"
+
+
+def test_shape_profile_makes_a_later_process_compile_the_varying_dimension_dynamic_at_once(tmp_path):
+    """Torch's local PGO under the job id ``use_shape_profile`` sets: a first process compiles static, then
+    dynamic at its second batch size (two graphs); a second process on the same cache directory, whose batches
+    come in other sizes, compiles the dynamic graph at its first call (one). Without the profile, or under
+    another setup's id, it compiles twice again. (Torch keeps the size the profile first saw static, so the
+    second process starts at another size, as a run with another seed does.) A plain function: the frame that
+    ``nn.Module.compile`` adds around a module's call is keyed by a hash that changes between processes on
+    torch 2.14 with Python 3.11 (its profile is never found again); frames inside it keep theirs."""
+    code = ("import json, sys, torch\n"
+            "from drivebench.accel.compile import use_shape_profile\n"
+            "from torch._dynamo.utils import counters\n"
+            "assert use_shape_profile(sys.argv[1] or None) == (sys.argv[1] or None)\n"
+            "sizes = [int(n) for n in sys.argv[2].split(',')]\n"
+            "def head(x):\n"
+            "    return torch.nn.functional.gelu(x @ x.T).sum(0)\n"
+            "head = torch.compile(head, backend='eager')\n"
+            "for n in sizes: head(torch.randn(n, 8))\n"
+            "print(json.dumps(int(counters['stats']['unique_graphs'])))\n")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+
+    def graphs(job: str, sizes: str) -> int:
+        run = subprocess.run([sys.executable, "-c", code, job, sizes], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return json.loads(run.stdout.strip().splitlines()[-1])
+
+    assert graphs("", "4,6") == 2 and graphs("", "5,7") == 2
+    assert graphs("drivebench-test", "4,6") == 2
+    assert graphs("drivebench-test", "5,7") == 1
+    assert graphs("drivebench-other", "5,7") == 2

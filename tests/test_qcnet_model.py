@@ -90,6 +90,21 @@ def test_bf16_autocast_forward_on_cpu(tiny_batch):
     assert abs(float(bf16) - float(fp32)) < 0.05 * abs(float(fp32))
 
 
+def test_output_heads_fp32_keeps_every_head_output_float32_under_bf16_autocast(tiny_batch):
+    """With ``output_heads_fp32`` the heads run outside autocast: the mode logits and scales come out float32,
+    close to the bf16 ones but with more digits; without it they are bf16. Same weights either way (the knob
+    adds no parameters)."""
+    plain, fp32_heads = _tiny().eval(), _tiny(output_heads_fp32=True).eval()
+    assert plain.state_dict().keys() == fp32_heads.state_dict().keys()
+    fp32_heads.load_state_dict(plain.state_dict())
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        rounded, kept = plain(tiny_batch), fp32_heads(tiny_batch)
+    assert rounded["pi"].dtype == rounded["scale_refine_pos"].dtype == torch.bfloat16
+    assert all(kept[key].dtype == torch.float32 for key in ("pi", "scale_refine_pos", "scale_propose_pos"))
+    torch.testing.assert_close(kept["pi"].bfloat16(), rounded["pi"], atol=0.05, rtol=0.02)
+    assert not torch.equal(kept["pi"], rounded["pi"].float())  # more than bf16's digits survive
+
+
 def test_forward_captures_as_one_graph_without_breaks(tiny_batch):
     """No graph break means no .item(), nonzero, boolean-mask indexing or data-dependent Python branch."""
     net = _tiny().eval()

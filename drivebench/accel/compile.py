@@ -9,10 +9,12 @@ instead of killing the run; the failure and every graph break are counted for th
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -59,6 +61,43 @@ def use_compile_cache(knob: str, cache_root: str | Path) -> str:
     return directory
 
 
+# the model node's parts that fix the shapes a compiled unit sees (the rest, optimizer and schedule, do not)
+_SHAPE_MODEL_KEYS = ("net", "transform", "collate", "batch_sampler", "module", "batch_size", "val_batch_size")
+# the accel knobs that change what is traced (dtypes, padded shapes, memory formats, what runs on the device)
+_SHAPE_ACCEL_KEYS = ("precision", "compile_mode", "compile_dynamic", "cuda_graphs", "channels_last",
+                     "device_transform", "activation_checkpointing")
+_profile_set_here: str | None = None
+
+
+def shape_profile_key(model: Mapping[str, Any], settings: AccelSettings) -> str:
+    """The job id under which ``accel.compile_shape_profile`` keeps Dynamo's dynamic-shape decisions: readable
+    (model, size, batch size, precision) and a digest of everything else that fixes the traced shapes, so that
+    runs of another size or batch size never mark each other's dimensions dynamic (a shared id would: the
+    profile is keyed by code object, and every size runs the same layers' code)."""
+    parts = {key: model.get(key) for key in _SHAPE_MODEL_KEYS}
+    parts.update({key: getattr(settings, key) for key in _SHAPE_ACCEL_KEYS})
+    digest = hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return (f"drivebench-{model.get('name')}-{model.get('size')}-b{model.get('batch_size')}-"
+            f"{settings.precision}-{digest}")
+
+
+def use_shape_profile(key: str | None) -> str | None:
+    """Turn torch's local PGO on under ``key`` (``torch.compiler.config.job_id``; the profile lives in the
+    Inductor cache directory in effect, one file per job id and rank), or back off with None. Why: Dynamo
+    compiles a dimension static until a second size arrives, so runs whose batches come in another order
+    compile other graphs and miss a warm cache; the profile makes every later run start with the dimensions
+    that varied dynamic. A job id the user set in torch is left alone. Returns the job id in effect."""
+    global _profile_set_here
+    config = getattr(torch.compiler, "config", None)
+    if config is None or not hasattr(config, "job_id"):  # a torch without PGO: nothing to keep
+        return None
+    if key is not None and config.job_id in (None, _profile_set_here):
+        config.job_id = _profile_set_here = key
+    elif key is None and _profile_set_here is not None and config.job_id == _profile_set_here:
+        config.job_id = _profile_set_here = None
+    return config.job_id
+
+
 def compile_units(net: nn.Module) -> dict[str, nn.Module]:
     units = getattr(net, "compile_units", None)
     if callable(units):
@@ -66,8 +105,10 @@ def compile_units(net: nn.Module) -> dict[str, nn.Module]:
     return {"net": net}
 
 
-def apply_compile(net: nn.Module, settings: AccelSettings) -> list[str]:
-    """Compile ``net``'s units in place when ``settings.compile``; returns the unit names."""
+def apply_compile(net: nn.Module, settings: AccelSettings, shape_profile: str | None = None) -> list[str]:
+    """Compile ``net``'s units in place when ``settings.compile``; returns the unit names. ``shape_profile``:
+    the job id for ``accel.compile_shape_profile`` (``shape_profile_key``), used only when that knob is on."""
+    use_shape_profile(shape_profile if settings.compile and settings.compile_shape_profile else None)
     if not settings.compile:
         return []
     import torch._dynamo
@@ -96,7 +137,9 @@ def compile_report() -> dict[str, Any]:
     except Exception:  # torch without dynamo
         return {}
     breaks = Counter({str(reason): n for reason, n in counters["graph_break"].items()})
+    config = getattr(torch.compiler, "config", None)
     return {
+        "shape_profile": getattr(config, "job_id", None),  # the job id whose dynamic-shape profile this run used
         "graphs": int(counters["stats"].get("unique_graphs", 0)),
         "graph_breaks": int(sum(breaks.values())),
         "top_break_reasons": [f"{n}x {reason[:200]}" for reason, n in breaks.most_common(5)],

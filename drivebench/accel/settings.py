@@ -48,6 +48,7 @@ class AccelSettings:
     compile_mode: str
     compile_dynamic: bool | None
     compile_cache: str  # auto | torch | a directory; app.build_run resolves auto to the directory in effect
+    compile_shape_profile: bool  # keep Dynamo's dynamic-shape decisions between runs of one model setup (compile.py)
     precision: str
     tf32: bool
     cudnn_benchmark: bool
@@ -173,6 +174,7 @@ class AccelSettings:
             compile_mode=mode,
             compile_dynamic=dynamic,
             compile_cache=compile_cache,
+            compile_shape_profile=flag("compile_shape_profile", on_gpu),
             precision=precision,
             tf32=flag("tf32", on_gpu) and on_gpu,
             cudnn_benchmark=flag("cudnn_benchmark", on_gpu) and on_gpu,

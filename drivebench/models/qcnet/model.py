@@ -39,6 +39,7 @@ class QCNet(nn.Module):
         dropout: float = 0.1,
         output_dim: int = 2,
         compile_scope: str = "none",
+        output_heads_fp32: bool = False,
         **graph_settings: Any,
     ) -> None:
         super().__init__()
@@ -54,7 +55,8 @@ class QCNet(nn.Module):
                                           **common)
         self.decoder = Decoder(output_dim=output_dim, num_historical_steps=g.num_historical_steps,
                                num_future_steps=g.num_future_steps, num_modes=g.num_modes,
-                               num_recurrent_steps=num_recurrent_steps, num_layers=num_dec_layers, **common)
+                               num_recurrent_steps=num_recurrent_steps, num_layers=num_dec_layers,
+                               output_heads_fp32=output_heads_fp32, **common)
 
     @property
     def transform_kwargs(self) -> dict[str, Any]:
