@@ -187,7 +187,7 @@ def _choices(group: str) -> str:
     ("+trainer.devices=2", "trainer.devices=2 is not valid: the run sets it from dist.devices"),
     ("+trainer.max_step=3", "trainer.max_step=3 is not a key of trainer nor a lightning.pytorch.Trainer argument"),
     ("model.net.norm_eval=true", "model.net.norm_eval=true is not a key of model.net; valid keys: _target_, "
-     "compile_scope, name, size; a keyword of drivebench.models.create_model that the config "
+     "compile_scope, name, output_heads_fp32, size; a keyword of drivebench.models.create_model that the config "
      "does not list: +model.net.norm_eval=true"),
 ])
 def test_a_bad_override_is_refused_in_one_line(override, words, tmp_path, monkeypatch, capsys):
