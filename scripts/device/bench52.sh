@@ -8,7 +8,8 @@
 #      profile kept between runs (accel.compile_shape_profile: the warm starts, 24-29 s in b51 with 2-6 of 40
 #      graphs missing the cache): a training-only run fills an empty cache (FILL_CAP: 240 s on an H200, 330 on an
 #      H100), then convergence seeds 2023 and 2024 on it (CAP per seed, default 160)
-#   b  more seeds on a's cache (machine kept warm; SEEDS, default 2025 2026): the third and fourth warm starts
+#   b  the GPU test of the float32 GRU (tests/test_qcnet_layers.py, never run on a GPU yet), then more seeds on a's
+#      cache (machine kept warm; SEEDS, default 2025 2026): the third and fourth warm starts
 # MapTR nano `max` on an H200 is bench51's part m (LIMIT=265).
 export LIMIT=${LIMIT:-565}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
@@ -19,7 +20,9 @@ case "$PART" in
   a) python3 scripts/device/pgo_frames.py 2>&1 | grep "^{" | tee -a "$OUT/log.txt"
      [[ $CARD == *H100* ]] && FILL_CAP=${FILL_CAP:-330}
      CAP=${CAP:-160} qcnet_warm _h32pgo "${SEEDS:-2023 2024}" $KNOBS ;;
-  b) reuse_cache qcnet_h32pgo; qcnet_seeds _h32pgo "${SEEDS:-2025 2026}" "${CAP:-160}" $KNOBS ;;
+  b) timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu --tb=line tests/test_qcnet_layers.py > "$OUT/pytest_gpu.txt" 2>&1
+     grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.txt" | tail -4 | tee -a "$OUT/log.txt"
+     reuse_cache qcnet_h32pgo; qcnet_seeds _h32pgo "${SEEDS:-2025 2026}" "${CAP:-160}" $KNOBS ;;
   *) log "unknown part $PART (a, b)"; exit 2 ;;
 esac
 report

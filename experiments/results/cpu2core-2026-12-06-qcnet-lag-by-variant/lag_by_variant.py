@@ -4,7 +4,7 @@
 
 EXTRACTED_DIR holds each results folder's runs.tgz extracted into a folder of its own (any depth); a run folder's
 name says its variant (`_none_`, `_max_`, `_max32_` precision 32-true, `_max_notf32_` TF32 off, `_maxdyn_`
-compile_dynamic, `_max_gru32_` the trajectory GRU in float32). Read with the report's own loader (completed and stopped runs); prints per epoch: mean (number
+compile_dynamic, `_max_gru32_` the trajectory GRU in float32, `_max_h32pgo_` the GRU and the output heads in float32). Read with the report's own loader (completed and stopped runs); prints per epoch: mean (number
 of runs, min-max) of val/minFDE.
 """
 from __future__ import annotations
@@ -21,7 +21,8 @@ from drivebench.report.loading import RunSet
 from drivebench.report.convergence import validation_curve
 
 VARIANTS = (("_none_", "none"), ("_max_notf32_", "max, TF32 off"), ("_max32_", "max, fp32 (TF32 on)"),
-            ("_maxdyn_", "max, compile_dynamic"), ("_max_gru32_", "max, GRU in fp32"), ("_max_", "max"))
+            ("_maxdyn_", "max, compile_dynamic"), ("_max_gru32_", "max, GRU in fp32"),
+            ("_max_h32pgo_", "max, GRU and output heads in fp32"), ("_max_", "max"))
 
 
 def variant(name: str) -> str:
