@@ -181,22 +181,20 @@ def test_use_shape_profile_sets_and_clears_its_own_job_id_and_leaves_a_users_alo
 
 
 def test_shape_profile_makes_a_later_process_compile_the_varying_dimension_dynamic_at_once(tmp_path):
-    """Torch's local PGO under the job id ``use_shape_profile`` sets: a first process compiles static, then
-    dynamic at its second batch size (two graphs); a second process on the same cache directory, whose batches
-    come in other sizes, compiles the dynamic graph at its first call (one). Without the profile, or under
-    another setup's id, it compiles twice again. (Torch keeps the size the profile first saw static, so the
-    second process starts at another size, as a run with another seed does.) A plain function: the frame that
-    ``nn.Module.compile`` adds around a module's call is keyed by a hash that changes between processes on
-    torch 2.14 with Python 3.11 (its profile is never found again); frames inside it keep theirs."""
+    """Torch's local PGO under the job id ``use_shape_profile`` sets, on one of QCNet's compile units compiled as
+    ``accel.compile`` does (``nn.Module.compile``): a first process compiles static, then dynamic at its second
+    batch size (two graphs); a second process on the same cache directory, whose batches come in other sizes,
+    compiles the dynamic graph at its first call (one). Without the profile, or under another setup's id, it
+    compiles twice again. (Torch keeps the size the profile first saw static, so the second process starts at
+    another size, as a run with another seed does.)"""
     code = ("import json, sys, torch\n"
             "from drivebench.accel.compile import use_shape_profile\n"
+            "from drivebench.models.qcnet.layers import FourierEmbedding\n"
             "from torch._dynamo.utils import counters\n"
             "assert use_shape_profile(sys.argv[1] or None) == (sys.argv[1] or None)\n"
-            "sizes = [int(n) for n in sys.argv[2].split(',')]\n"
-            "def head(x):\n"
-            "    return torch.nn.functional.gelu(x @ x.T).sum(0)\n"
-            "head = torch.compile(head, backend='eager')\n"
-            "for n in sizes: head(torch.randn(n, 8))\n"
+            "unit = FourierEmbedding(input_dim=2, hidden_dim=16, num_freq_bands=4)\n"
+            "unit.compile(backend='eager')\n"
+            "for n in [int(n) for n in sys.argv[2].split(',')]: unit(torch.randn(n, 2))\n"
             "print(json.dumps(int(counters['stats']['unique_graphs'])))\n")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
 

@@ -1,8 +1,9 @@
-"""Does torch's local PGO (accel.compile_shape_profile) find a module's frames again in a later process on this
-machine's torch? Two processes per way of compiling, the first at batch sizes 4 then 6, the second at 5 then 7:
-graphs in the second = 1 where the profile made the batch dimension dynamic at its first call, 2 where it was
-not found (torch 2.14 with Python 3.11: the frame nn.Module.compile adds around a module's call is keyed by a
-closure hash that changes between processes). One JSON line per way.
+"""Does torch's local PGO (accel.compile_shape_profile) find a compiled module's frames again in a later process on
+this machine's torch? Two processes per kind of unit, the first at batch sizes 4 then 6, the second at 5 then 7:
+graphs in the second = 1 where the profile made the batch dimension dynamic at its first call, 2 where it was not
+found. Units: one of QCNet's (a drivebench class, as accel.compile compiles it) and an nn.Sequential (torch 2.14
+with Python 3.11 keys the frame around a torch-defined forward by a closure hash that changes between processes:
+never found). One JSON line per kind.
 
     python scripts/device/pgo_frames.py
 """
@@ -18,17 +19,16 @@ import tempfile
 CHILD = """
 import json, sys, torch
 from drivebench.accel.compile import use_shape_profile
+from drivebench.models.qcnet.layers import FourierEmbedding
 from torch._dynamo.utils import counters
 use_shape_profile("drivebench-pgo-frames")
-net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
-def head(x):
-    return net(x).sum()
-if sys.argv[1] == "module":
-    net.compile(backend="eager"); step = net
+if sys.argv[1] == "qcnet_unit":
+    unit, width = FourierEmbedding(input_dim=2, hidden_dim=16, num_freq_bands=4), 2
 else:
-    step = torch.compile(head, backend="eager")
+    unit, width = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1)), 8
+unit.compile(backend="eager")
 for n in [int(s) for s in sys.argv[2].split(",")]:
-    step(torch.randn(n, 8))
+    unit(torch.randn(n, width))
 print(int(counters["stats"]["unique_graphs"]))
 """
 
@@ -36,7 +36,7 @@ print(int(counters["stats"]["unique_graphs"]))
 def main() -> None:
     import torch
 
-    for way in ("module", "function"):
+    for way in ("qcnet_unit", "sequential"):
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
             graphs = []
