@@ -26,7 +26,7 @@ class Decoder(nn.Module):
 
     def __init__(self, hidden_dim: int, output_dim: int, num_historical_steps: int, num_future_steps: int,
                  num_modes: int, num_recurrent_steps: int, num_freq_bands: int, num_layers: int, num_heads: int,
-                 head_dim: int, dropout: float, output_heads_fp32: bool = False) -> None:
+                 head_dim: int, dropout: float, output_heads_fp32: bool = True) -> None:
         super().__init__()
         if num_future_steps % num_recurrent_steps:
             raise ValueError(f"num_future_steps={num_future_steps} must be divisible by "

@@ -39,7 +39,7 @@ class QCNet(nn.Module):
         dropout: float = 0.1,
         output_dim: int = 2,
         compile_scope: str = "none",
-        output_heads_fp32: bool = False,
+        output_heads_fp32: bool = True,
         **graph_settings: Any,
     ) -> None:
         super().__init__()
