@@ -262,7 +262,9 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     if accel.channels_last:
         to_channels_last(net)
     accel.compile_cache = use_compile_cache(accel.compile_cache, cfg.paths.cache)  # before anything compiles
-    compiled = apply_compile(net, accel, shape_profile_key(OmegaConf.to_container(cfg.model, resolve=True), accel))
+    profile = (shape_profile_key(OmegaConf.to_container(cfg.model, resolve=True), accel)
+               if accel.compile and accel.compile_shape_profile else None)  # only runs that use it resolve the model
+    compiled = apply_compile(net, accel, profile)
     device_transform = _device_transform(transform, net, accel)
     if device_transform is not None and getattr(device_transform, "compiles", False):
         compiled.append("device_transform")
