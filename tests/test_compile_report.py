@@ -169,15 +169,17 @@ def test_shape_profile_key_names_the_setup_and_changes_with_what_fixes_shapes():
     assert shape_profile_key(model, settings) != key
 
 
-def test_use_shape_profile_sets_and_clears_its_own_job_id_and_leaves_a_users_alone(monkeypatch):
+def test_use_shape_profile_sets_and_clears_its_own_job_id_and_leaves_a_users_alone():
     from drivebench.accel.compile import use_shape_profile
 
-    monkeypatch.setattr(torch.compiler.config, "job_id", None)
-    assert use_shape_profile("drivebench-a") == "drivebench-a" == torch.compiler.config.job_id
-    assert use_shape_profile("drivebench-b") == "drivebench-b"  # the next run in this process (a multirun)
-    assert use_shape_profile(None) is None and torch.compiler.config.job_id is None
-    monkeypatch.setattr(torch.compiler.config, "job_id", "mine")
-    assert use_shape_profile("drivebench-a") == "mine" and use_shape_profile(None) == "mine"
+    # torch's config patch restores the value (monkeypatch would delete the config entry on undo)
+    with torch.compiler.config.patch(job_id=None):
+        assert use_shape_profile("drivebench-a") == "drivebench-a" == torch.compiler.config.job_id
+        assert use_shape_profile("drivebench-b") == "drivebench-b"  # the next run in this process (a multirun)
+        assert use_shape_profile(None) is None and torch.compiler.config.job_id is None
+    with torch.compiler.config.patch(job_id="mine"):
+        assert use_shape_profile("drivebench-a") == "mine" and use_shape_profile(None) == "mine"
+    assert torch.compiler.config.job_id is None
 
 
 def test_shape_profile_makes_a_later_process_compile_the_varying_dimension_dynamic_at_once(tmp_path):
