@@ -153,12 +153,12 @@ def test_an_interrupted_run_keeps_its_compile_and_cuda_graph_facts(tmp_path):
 
 
 def test_shape_profile_key_names_the_setup_and_changes_with_what_fixes_shapes():
+    from test_accel_settings import machine, preset
+
     from drivebench.accel.compile import shape_profile_key
     from drivebench.accel.settings import AccelSettings
-    from drivebench.perf.machine import detect_machine
 
-    cfg = OmegaConf.to_container(OmegaConf.load("drivebench/conf/accel/none.yaml"))
-    settings = AccelSettings.resolve({**cfg, "threads": "default"}, detect_machine("cpu"))
+    settings = AccelSettings.resolve(preset("none"), machine(0, 2))  # the composed preset, as a run resolves it
     model = {"name": "qcnet", "size": "paper", "batch_size": 4, "net": {"hidden": 128}, "optimizer": {"lr": 5e-4}}
     key = shape_profile_key(model, settings)
     assert key.startswith("drivebench-qcnet-paper-b4-32-true-")

@@ -107,8 +107,9 @@ def compile_units(net: nn.Module) -> dict[str, nn.Module]:
 
 def apply_compile(net: nn.Module, settings: AccelSettings, shape_profile: str | None = None) -> list[str]:
     """Compile ``net``'s units in place when ``settings.compile``; returns the unit names. ``shape_profile``:
-    the job id for ``accel.compile_shape_profile`` (``shape_profile_key``), used only when that knob is on."""
-    use_shape_profile(shape_profile if settings.compile and settings.compile_shape_profile else None)
+    the job id to keep Dynamo's shape decisions under (``shape_profile_key``; the caller passes one where
+    ``accel.compile_shape_profile`` is on), None for none."""
+    use_shape_profile(shape_profile if settings.compile else None)
     if not settings.compile:
         return []
     import torch._dynamo

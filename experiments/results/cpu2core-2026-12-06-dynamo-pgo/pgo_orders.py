@@ -18,7 +18,7 @@ from drivebench.models.qcnet.random_scenario import random_batch
 torch.set_num_threads(1)
 torch.manual_seed(0)
 net = create_model("qcnet", "test", compile_scope="layers", dropout=0.0)
-apply_compile(net, SimpleNamespace(compile=True, compile_mode="default", compile_dynamic=None, compile_shape_profile=False))
+apply_compile(net, SimpleNamespace(compile=True, compile_mode="default", compile_dynamic=None))
 t = make_transform("test")
 shapes = [(6, 16), (9, 16), (9, 26)]
 batches = [random_batch(t, num_scenes=2, seed=i, num_agents=a, num_polygons=p, extent=60.0) for i, (a, p) in enumerate(shapes)]
