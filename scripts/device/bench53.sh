@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# GPU benchmark, part 53 (2026-12-07, twenty-fifth session), issue 20: where QCNet `max`'s GPU time goes now.
+#   LIMIT=560 bash scripts/device/bench53.sh p > /dev/null 2>&1; tr '\r' '\n' < $OUT/log.txt | grep -v "train step:\|it/s\]" | tail -c 9000
+# (run tool timeout 590; av2's wheel carried: move ~10 tracked runs.tgz out of the checkout for the call)
+#   p  QCNet `max` (the defaults of 2026-12-06: output heads in float32, the shape profile) with bench.profile=10 on
+#      an empty Inductor cache (it fills the cache as bench52's training-only run did): the step's kernels by name,
+#      GPU active time, the trace (b20's profile is from 29.9 samples/s; 63 samples/s since, device busy 94%); then
+#      convergence seeds on that cache (SEEDS, default 2023 2024; CAP per seed, default 160)
+#   m  MapTR nano `max` seeds 2023-2025 (bench51's part m; on an H200 its `none` runs of b39/b42 stand)
+export LIMIT=${LIMIT:-560}; source scripts/device/lib.sh || exit 1
+one_gpu_part "$1"
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+log "card: $CARD"
+case "$PART" in
+  p) [[ $CARD == *H100* ]] && PCAP=${PCAP:-330}
+     cold qcnet_p53
+     run qcnet_max_profile "${PCAP:-260}" model=qcnet accel=max $TRAIN_ONLY bench.steps=40 bench.profile=10
+     grep -E "^(bottleneck|  evidence|  next|profile|  host in aten|  kernels|  GPU|  top)" "$RUNS/qcnet_max_profile.log" | tee -a "$OUT/log.txt"
+     python3 - "$RUNS/qcnet_max_profile/summary.json" <<'PY' 2>&1 | tee -a "$OUT/log.txt"
+import json, sys
+p = json.load(open(sys.argv[1])).get("profile") or {}
+print("  profile keys:", sorted(p))
+for row in (p.get("top_kernels") or [])[:25]:
+    print("  kernel", json.dumps(row)[:220])
+PY
+     find "$RUNS" -name '*.pt.trace.json.gz' -size +12M -delete; bundle
+     qcnet_seeds _p53 "${SEEDS:-2023 2024}" "${CAP:-160}" ;;
+  m) cold maptr-nano
+     for s in 2023 2024 2025; do run maptr_nano_conv_max_s${s}_b53 120 $NANO accel=max seed=$s; curve maptr_nano_conv_max_s${s}_b53 val/mAP; done ;;
+  *) log "unknown part $PART (p, m)"; exit 2 ;;
+esac
+report
+log "part $PART done in $(( $(date +%s) - START ))s"
