@@ -7,15 +7,29 @@
 #      GPU active time, the trace (b20's profile is from 29.9 samples/s; 63 samples/s since, device busy 94%); then
 #      convergence seeds on that cache (SEEDS, default 2023 2024; CAP per seed, default 160)
 #   m  MapTR nano `max` seeds 2023-2025 (bench51's part m; on an H200 its `none` runs of b39/b42 stand)
+#   x  by the card that came: on an H200 part m, then p's profile in what is left (it fills the QCNet cache for a
+#      part s in the next call); on an H100 part p
+#   s  QCNet convergence seeds on p's cache (machine kept warm; SEEDS, default 2023 2024 2025; CAP, default 160)
 export LIMIT=${LIMIT:-560}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 log "card: $CARD"
+profile_qcnet() {
+  cold qcnet_p53
+  run qcnet_max_profile "$1" model=qcnet accel=max $TRAIN_ONLY bench.steps=40 bench.profile=10
+  grep -E "^(bottleneck|  evidence|  next|profile|  host in aten|  kernels|  GPU|  top)" "$RUNS/qcnet_max_profile.log" | tee -a "$OUT/log.txt"
+  find "$RUNS" -name '*.pt.trace.json.gz' -size +12M -delete; bundle
+}
+maptr_seeds() {
+  cold maptr-nano
+  for s in 2023 2024 2025; do run maptr_nano_conv_max_s${s}_b53 120 $NANO accel=max seed=$s; curve maptr_nano_conv_max_s${s}_b53 val/mAP; done
+}
+[[ $PART == x ]] && { [[ $CARD == *H200* ]] && PART=xh || PART=p; }
 case "$PART" in
+  xh) maptr_seeds; profile_qcnet $(( $(left) - 40 )) ;;
+  s) reuse_cache qcnet_p53; qcnet_seeds _p53 "${SEEDS:-2023 2024 2025}" "${CAP:-160}" ;;
   p) [[ $CARD == *H100* ]] && PCAP=${PCAP:-330}
-     cold qcnet_p53
-     run qcnet_max_profile "${PCAP:-260}" model=qcnet accel=max $TRAIN_ONLY bench.steps=40 bench.profile=10
-     grep -E "^(bottleneck|  evidence|  next|profile|  host in aten|  kernels|  GPU|  top)" "$RUNS/qcnet_max_profile.log" | tee -a "$OUT/log.txt"
+     profile_qcnet "${PCAP:-260}"
      python3 - "$RUNS/qcnet_max_profile/summary.json" <<'PY' 2>&1 | tee -a "$OUT/log.txt"
 import json, sys
 p = json.load(open(sys.argv[1])).get("profile") or {}
@@ -23,11 +37,9 @@ print("  profile keys:", sorted(p))
 for row in (p.get("top_kernels") or [])[:25]:
     print("  kernel", json.dumps(row)[:220])
 PY
-     find "$RUNS" -name '*.pt.trace.json.gz' -size +12M -delete; bundle
      qcnet_seeds _p53 "${SEEDS:-2023 2024}" "${CAP:-160}" ;;
-  m) cold maptr-nano
-     for s in 2023 2024 2025; do run maptr_nano_conv_max_s${s}_b53 120 $NANO accel=max seed=$s; curve maptr_nano_conv_max_s${s}_b53 val/mAP; done ;;
-  *) log "unknown part $PART (p, m)"; exit 2 ;;
+  m) maptr_seeds ;;
+  *) log "unknown part $PART (p, m, x, s)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
