@@ -22,9 +22,9 @@ import pytest
 from conftest import run_cli
 from drivebench.report.analysis import analyse, time_to_target, with_recorded_targets
 from drivebench.report.loading import load_runs
-from drivebench.report.convergence import (convergence_table, convergence_targets, followed_runs, gap_at_equal_steps,
-                                           median_if_known, same_convergence, too_easy, unfollowed_targets,
-                                           validation_curve)
+from drivebench.report.convergence import (SOONER_AIM, convergence_table, convergence_targets, followed_runs,
+                                           gap_at_equal_steps, median_if_known, same_convergence, too_easy,
+                                           unfollowed_targets, validation_curve, validations_for_aim)
 from drivebench.perf.compile_cache import compile_cache_state
 from drivebench.report.tables import convergence_display
 from drivebench.perf.targets import parse_target
@@ -140,8 +140,27 @@ def test_convergence_table_gives_the_pace_first_validation_then_between_validati
     assert table.loc["max", "wall_s_vs_none"] == pytest.approx((270.0 + 282.0) / 2 / (150.0 + 156.0) * 2)
     shown = convergence_display(table.reset_index()).set_index("setting")
     column = "first validation, then between validations (none / this)"
-    assert shown.loc["max", column] == "91 s, then every 31 s (2.97x)"
+    assert shown.loc["max", column] == "91 s, then every 31 s (2.97x; under 3x on any longer schedule)"
     assert shown.loc["none", column] == "92 s, then every 92 s"
+    assert math.isnan(table.loc["max", "validations_for_aim"])
+
+
+def test_the_validation_from_which_a_late_starting_setting_is_3x_sooner():
+    """QCNet's paces on one H100 (b52: max first validates at 38.8 s, then every 18.2 s; none at 57.3 s, then every
+    56.5 s): crossing at the same validation, max is 3x sooner only from validation 33 on, where its target falls at
+    the third. The figure is the first validation where the ratio reaches the aim and it holds at every later one."""
+    def ratio(k: int, none_first: float, none_between: float, first: float, between: float) -> float:
+        return (none_first + (k - 1) * none_between) / (first + (k - 1) * between)
+
+    for paces, expected in (((57.3, 56.5, 38.8, 18.2), 33), ((64.0, 60.0, 35.0, 17.0), 6), ((300.0, 50.0, 20.0, 10.0), 1)):
+        k = validations_for_aim(*paces)
+        assert k == expected
+        assert all(ratio(j, *paces) >= SOONER_AIM for j in range(int(k), int(k) + 200))
+        assert k == 1 or ratio(int(k) - 1, *paces) < SOONER_AIM
+    assert math.isnan(validations_for_aim(70.6, 70.6, 49.8, 24.6))  # SparseDrive's pace, 2.87x: no schedule
+    assert math.isnan(validations_for_aim(100.0, 30.0, 10.0, 20.0))  # 10x at the first validation, 1.5x later on
+    assert math.isnan(validations_for_aim(57.3, math.nan, 38.8, 18.2))  # one validation: no pace to go by
+    assert validations_for_aim(60.0, 60.0, 20.0, 20.0) == 1  # exactly the aim at every validation
 
 
 def test_a_lag_at_every_validation_shows_at_equal_steps_where_the_finals_rule_lets_it_pass():

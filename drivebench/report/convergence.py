@@ -37,6 +37,15 @@ in with their training spans (each true time is longer, so a median is at least 
 where only ``none`` has them, a setting's ratio is a floor (a short-capped ``none`` run still answers
 "at least Nx sooner"); where only the setting has them, a ceiling ("at most Nx").
 
+How long a schedule the aim needs: a setting that starts late (a compile, graph captures) but trains faster
+reaches a target sooner by a ratio that grows with the validation at which the target falls, toward the ratio
+of the validation intervals. From the paces (first validation ``F``, then every ``B``, medians) and with both
+settings crossing at the same validation ``k``, the ratio there is ``(F_none + (k-1) B_none) / (F + (k-1) B)``;
+``validations_for_aim`` is the first ``k`` from which it stays at or above ``SOONER_AIM`` (the project's 3x), NaN
+where the pace ratio is below the aim (a longer schedule moves the ratio toward the pace ratio, below the aim). A target that ``none`` meets at an earlier
+validation measures the start more than the training (QCNet on an H100: 3x from validation 33 on; its target
+falls at the third).
+
 A run continued from its checkpoint (``resume``: the same ``run_id``) is one run here, not two: its
 segments' validations form one curve, and its clock is the sum of the segments' training time (each
 from its first step to its last logged value), so the time to target counts what every segment spent,
@@ -56,6 +65,7 @@ from drivebench.report.analysis import BASELINE_SETTING, GROUP, add_targets, ord
 from drivebench.report.events import TRAIN, VALIDATION
 
 MIN_POINTS = 2  # validation at two steps at least: a curve, not the end-of-run figure alone
+SOONER_AIM = 3.0  # how many times sooner than none a setting should reach a target (the project's number)
 
 
 def _run_tags(scalars: pd.DataFrame, run_dir: str) -> set[str]:
@@ -278,7 +288,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
                "compile_cache",
                "not_reached_by_s", "wall_s_vs_none", "wall_s_vs_none_min", "wall_s_vs_none_max", "wall_s_vs_none_bound",
                "first_validation_s_median", "between_validations_s_median", "between_validations_vs_none",
-               "same_as_none", "none_finals", "none_runs", "behind_none_at_equal_steps", "none_spread_at_equal_steps",
+               "validations_for_aim", "same_as_none", "none_finals", "none_runs", "behind_none_at_equal_steps", "none_spread_at_equal_steps",
                "equal_steps"]
     if rows.empty:
         return pd.DataFrame(columns=columns + EVERY_MACHINE)
@@ -337,6 +347,9 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             # what a schedule long enough to bury the one-time start approaches (the same validation interval)
             table.loc[index, "between_validations_vs_none"] = _ratio(b["between_validations_s_median"],
                                                                      row["between_validations_s_median"])
+            table.loc[index, "validations_for_aim"] = validations_for_aim(
+                b["first_validation_s_median"], b["between_validations_s_median"],
+                row["first_validation_s_median"], row["between_validations_s_median"])
             ratios = ratio_vs_none(b, row)
             for key, value in zip(("wall_s_vs_none", "wall_s_vs_none_min", "wall_s_vs_none_max", "wall_s_vs_none_bound"),
                                   ratios):
@@ -431,6 +444,21 @@ def ratio_vs_none(base: pd.Series, row: pd.Series) -> tuple[float, float, float,
             return known, math.nan, ceiling, ""
         return _ratio(base["to_target_wall_s_median"], row["to_target_wall_s_floor_median"]), math.nan, ceiling, "at most"
     return math.nan, math.nan, math.nan, ""
+
+
+def validations_for_aim(none_first_s: float, none_between_s: float, first_s: float, between_s: float,
+                        aim: float = SOONER_AIM) -> float:
+    """The first validation ``k`` (1-based) from which a run with this pace, crossing a target at the same
+    validation as ``none``, gets there at least ``aim`` times sooner, and stays so at every later one (the module
+    docstring's formula); NaN where no validation does (the pace ratio below the aim) or a pace is unknown."""
+    values = (none_first_s, none_between_s, first_s, between_s)
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        return math.nan
+    margin = none_between_s - aim * between_s  # what each later validation adds to none's lead over aim x this
+    shortfall = aim * first_s - none_first_s  # what the first validation leaves to make up
+    if margin < 0 or (margin == 0 and shortfall > 0):
+        return math.nan
+    return float(1 + max(0, math.ceil(shortfall / margin))) if margin > 0 else 1.0
 
 
 def _ratio(none_s: float, this_s: float) -> float:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from drivebench.report.analysis import BASELINE_SETTING, Target, target_column
+from drivebench.report.convergence import SOONER_AIM
 from drivebench.report.loading import Problem
 
 _AUX_METRIC = re.compile(r"@|^d\d+\.")  # per-threshold and per-decoder-layer figures: CSV only
@@ -198,7 +199,11 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
         if not (first and between):
             return first or "-"
         ratio = fmt(r.get("between_validations_vs_none", math.nan), unit="x")
-        return f"{first}, then every {between}" + (f" ({ratio})" if ratio and r["setting"] != BASELINE_SETTING else "")
+        if not ratio or r["setting"] == BASELINE_SETTING:
+            return f"{first}, then every {between}"
+        k = r.get("validations_for_aim", math.nan)
+        aim = f"{SOONER_AIM:g}x from validation {k:.0f} on" if k == k else f"under {SOONER_AIM:g}x on any longer schedule"
+        return f"{first}, then every {between} ({ratio}; {aim})"
 
     def same_as_none(r: pd.Series) -> str:
         """This machine's verdict, and where other machines add finals, the verdict over all of them."""
