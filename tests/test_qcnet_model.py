@@ -153,10 +153,13 @@ def test_tiny_model_on_the_real_argoverse2_scenario():
 
 
 def test_compile_scope_selects_the_units_accel_compiles():
-    from drivebench.models.qcnet.layers import AttentionLayer, FourierEmbedding
+    from drivebench.models.qcnet.layers import AttentionLayer, FourierEmbedding, TrajectoryGRU
 
     assert create_model("qcnet", "test").compile_units() == {}
     units = create_model("qcnet", "test", compile_scope="layers").compile_units()
     assert len(units) > 10 and all(isinstance(m, (AttentionLayer, FourierEmbedding)) for m in units.values())
+    with_gru = create_model("qcnet", "test", compile_scope="layers_gru").compile_units()
+    assert set(with_gru) - set(units) == {"decoder.traj_emb"}  # the layers, and the GRU unrolled under compile
+    assert isinstance(with_gru["decoder.traj_emb"], TrajectoryGRU)
     with pytest.raises(ValueError, match="compile_scope='all' is not valid"):
         create_model("qcnet", "test", compile_scope="all")

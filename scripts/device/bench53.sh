@@ -10,6 +10,9 @@
 #   x  by the card that came: on an H200 part m, then p's profile in what is left (it fills the QCNet cache for a
 #      part s in the next call); on an H100 part p
 #   s  QCNet convergence seeds on p's cache (machine kept warm; SEEDS, default 2023 2024 2025; CAP, default 160)
+#   g  QCNet `max` steps with the trajectory GRU compiled (model.net.compile_scope=layers_gru: unrolled for Inductor)
+#      against cuDNN's (layers, the default; b53's profile: 10.5% of the kernel time), training only, 200 steps each on
+#      one empty cache (the second compiles only what the first lacks): median samples/s after warm-up, LIMIT ~480
 export LIMIT=${LIMIT:-560}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
@@ -39,7 +42,11 @@ for row in (p.get("top_kernels") or [])[:25]:
 PY
      qcnet_seeds _p53 "${SEEDS:-2023 2024}" "${CAP:-160}" ;;
   m) maptr_seeds ;;
-  *) log "unknown part $PART (p, m, x, s)"; exit 2 ;;
+  g) cold qcnet_g53
+     for scope in layers layers_gru layers; do
+       run qcnet_max_${scope}_g53_$(( $(date +%s) % 1000 )) 240 model=qcnet accel=max $TRAIN_ONLY bench.steps=200 model.net.compile_scope=$scope
+     done ;;
+  *) log "unknown part $PART (p, m, x, s, g)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"

@@ -11,11 +11,11 @@ from torch import nn
 from drivebench.models.qcnet.agent_encoder import AgentEncoder
 from drivebench.models.qcnet.batch import GraphSettings
 from drivebench.models.qcnet.decoder import Decoder
-from drivebench.models.qcnet.layers import AttentionLayer, FourierEmbedding
+from drivebench.models.qcnet.layers import AttentionLayer, FourierEmbedding, TrajectoryGRU
 from drivebench.models.qcnet.map_encoder import MapEncoder
 
 
-COMPILE_SCOPES = ("none", "layers", "net")
+COMPILE_SCOPES = ("none", "layers", "layers_gru", "net")
 
 
 class QCNet(nn.Module):
@@ -73,6 +73,10 @@ class QCNet(nn.Module):
         2 minutes of compilation on 2 CPU cores, no CPU speed-up). On an H200 inside the CUDA graphs
         it fuses the per-edge elementwise chains: step 0.060 s against 0.136 s eager, after ~3.5 min
         of compilation (experiments/results/h200-2026-12-02-b28).
+        ``layers_gru``: ``layers`` and the decoder's trajectory GRU, which then runs its recurrence unrolled into
+        plain ops that Inductor fuses, instead of cuDNN's kernel (one H100, b53: cuDNN's float32 GRU is 10.5% of a
+        ``max`` step's kernel time, 5.7 ms, its backward's elementwise kernel alone 3.9 ms). Not measured yet: for
+        the timing against ``layers`` in one GPU call (``scripts/device/bench53.sh g``).
         ``net``: the whole net as one unit (one graph, no breaks): Inductor fuses the elementwise
         chains of every layer; with ``accel.cuda_graphs`` the padded shapes make it compile once
         for static and once for dynamic shapes.
@@ -81,8 +85,9 @@ class QCNet(nn.Module):
             return {}
         if self.compile_scope == "net":
             return {"net": self}
-        return {name: module for name, module in self.named_modules()
-                if isinstance(module, (AttentionLayer, FourierEmbedding))}
+        kinds = (AttentionLayer, FourierEmbedding, TrajectoryGRU) if self.compile_scope == "layers_gru" else (
+            AttentionLayer, FourierEmbedding)
+        return {name: module for name, module in self.named_modules() if isinstance(module, kinds)}
 
     def forward(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         x_pl = self.map_encoder(batch)
