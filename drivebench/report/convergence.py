@@ -42,9 +42,9 @@ reaches a target sooner by a ratio that grows with the validation at which the t
 of the validation intervals. From the paces (first validation ``F``, then every ``B``, medians) and with both
 settings crossing at the same validation ``k``, the ratio there is ``(F_none + (k-1) B_none) / (F + (k-1) B)``;
 ``validations_for_aim`` is the first ``k`` from which it stays at or above ``SOONER_AIM`` (the project's 3x), NaN
-where the pace ratio is below the aim (a longer schedule moves the ratio toward the pace ratio, below the aim). A target that ``none`` meets at an earlier
-validation measures the start more than the training (QCNet on an H100: 3x from validation 33 on; its target
-falls at the third).
+where the pace ratio is below the aim (a longer schedule moves the ratio toward the pace ratio, below the aim).
+A target that ``none`` meets at an earlier validation measures the start more than the training (QCNet on one
+H100, b52: 3x from validation 35 on; its target falls at the third).
 
 A run continued from its checkpoint (``resume``: the same ``run_id``) is one run here, not two: its
 segments' validations form one curve, and its clock is the sum of the segments' training time (each
@@ -288,8 +288,8 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
                "compile_cache",
                "not_reached_by_s", "wall_s_vs_none", "wall_s_vs_none_min", "wall_s_vs_none_max", "wall_s_vs_none_bound",
                "first_validation_s_median", "between_validations_s_median", "between_validations_vs_none",
-               "validations_for_aim", "same_as_none", "none_finals", "none_runs", "behind_none_at_equal_steps", "none_spread_at_equal_steps",
-               "equal_steps"]
+               "validations_for_aim", "same_as_none", "none_finals", "none_runs", "behind_none_at_equal_steps",
+               "none_spread_at_equal_steps", "equal_steps"]
     if rows.empty:
         return pd.DataFrame(columns=columns + EVERY_MACHINE)
     state, wall, steps = (target_column(target, f) for f in ("state", "wall_s", "steps"))
