@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU benchmark, part 53 (2026-12-07, twenty-fifth session), issue 20: where QCNet `max`'s GPU time goes now.
 #   LIMIT=560 bash scripts/device/bench53.sh p > /dev/null 2>&1; tr '\r' '\n' < $OUT/log.txt | grep -v "train step:\|it/s\]" | tail -c 9000
-# (run tool timeout 590; av2's wheel carried: move ~10 tracked runs.tgz out of the checkout for the call)
+# (run tool timeout 590; av2's wheel carried: move ~15 tracked runs.tgz out of the checkout for the call)
 #   p  QCNet `max` (the defaults of 2026-12-06: output heads in float32, the shape profile) with bench.profile=10 on
 #      an empty Inductor cache (it fills the cache as bench52's training-only run did): the step's kernels by name,
 #      GPU active time, the trace (b20's profile is from 29.9 samples/s; 63 samples/s since, device busy 94%); then
@@ -12,7 +12,7 @@
 #   s  QCNet convergence seeds on p's cache (machine kept warm; SEEDS, default 2023 2024 2025; CAP, default 160)
 #   g  QCNet `max` steps with the trajectory GRU compiled (model.net.compile_scope=layers_gru: unrolled for Inductor)
 #      against cuDNN's (layers, the default; b53's profile: 10.5% of the kernel time), training only, 200 steps each on
-#      one empty cache (the second compiles only what the first lacks): median samples/s after warm-up, LIMIT ~480
+#      one empty cache (the second compiles only what the first lacks), then layers again warm: median samples/s after warm-up, LIMIT 560
 export LIMIT=${LIMIT:-560}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
