@@ -148,7 +148,8 @@ def test_convergence_table_gives_the_pace_first_validation_then_between_validati
 def test_the_validation_from_which_a_late_starting_setting_is_3x_sooner():
     """QCNet's paces on one H100, rounded (b52: max first validates at 38.8 s, then every 18.2 s; none at 57.3 s,
     then every 56.5 s): crossing at the same validation, max is 3x sooner only from validation 33 on (35 from the
-    unrounded medians), where its target falls at the third. The figure is the first validation where the ratio reaches the aim and it holds at every later one."""
+    unrounded medians), where its target falls at the third. The figure is the first validation where the ratio
+    reaches the aim and it holds at every later one."""
     def ratio(k: int, none_first: float, none_between: float, first: float, between: float) -> float:
         return (none_first + (k - 1) * none_between) / (first + (k - 1) * between)
 

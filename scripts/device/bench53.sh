@@ -36,7 +36,6 @@ case "$PART" in
      python3 - "$RUNS/qcnet_max_profile/summary.json" <<'PY' 2>&1 | tee -a "$OUT/log.txt"
 import json, sys
 p = json.load(open(sys.argv[1])).get("profile") or {}
-print("  profile keys:", sorted(p))
 for row in (p.get("top_kernels") or [])[:25]:
     print("  kernel", json.dumps(row)[:220])
 PY

@@ -85,8 +85,7 @@ class QCNet(nn.Module):
             return {}
         if self.compile_scope == "net":
             return {"net": self}
-        kinds = (AttentionLayer, FourierEmbedding, TrajectoryGRU) if self.compile_scope == "layers_gru" else (
-            AttentionLayer, FourierEmbedding)
+        kinds = (AttentionLayer, FourierEmbedding) + ((TrajectoryGRU,) if self.compile_scope == "layers_gru" else ())
         return {name: module for name, module in self.named_modules() if isinstance(module, kinds)}
 
     def forward(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
