@@ -13,6 +13,8 @@
 #   g  QCNet `max` steps with the trajectory GRU compiled (model.net.compile_scope=layers_gru: unrolled for Inductor)
 #      against cuDNN's (layers, the default; b53's profile: 10.5% of the kernel time), training only, 200 steps each on
 #      one empty cache (the second compiles only what the first lacks), then layers again warm: median samples/s after warm-up, LIMIT 560
+#      (first graph_count.py cuda: QCNet's graphs under CUDA bf16 autocast with the attention layers' input as given and
+#      cast to float32, and whether the cast changes a number: ~1 min)
 export LIMIT=${LIMIT:-560}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
@@ -41,7 +43,8 @@ for row in (p.get("top_kernels") or [])[:25]:
 PY
      qcnet_seeds _p53 "${SEEDS:-2023 2024}" "${CAP:-160}" ;;
   m) maptr_seeds ;;
-  g) cold qcnet_g53
+  g) timeout 150 python3 scripts/device/graph_count.py cuda 2>&1 | tail -5 | tee -a "$OUT/log.txt"
+     cold qcnet_g53
      for scope in layers layers_gru layers; do
        run qcnet_max_${scope}_g53_$(( $(date +%s) % 1000 )) 240 model=qcnet accel=max $TRAIN_ONLY bench.steps=200 model.net.compile_scope=$scope
      done ;;
