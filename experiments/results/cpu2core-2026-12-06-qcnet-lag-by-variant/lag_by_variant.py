@@ -4,7 +4,7 @@
 
 EXTRACTED_DIR holds each results folder's runs.tgz extracted into a folder of its own (any depth); a run folder's
 name says its variant (`_none_`, `_max_`, `_max32_` precision 32-true, `_max_notf32_` TF32 off, `_maxdyn_`
-compile_dynamic, `_max_gru32_` the trajectory GRU in float32, `_max_h32pgo_` the GRU and the output heads in float32). Read with the report's own loader (completed and stopped runs); prints per epoch: mean (number
+compile_dynamic, `_max_gru32_` the trajectory GRU in float32, `_max_h32pgo_` the GRU and the output heads in float32, `_max_p53_` the same as defaults, `_max_fp32_` precision 32-true with TF32 off). Read with the report's own loader (completed and stopped runs); prints per epoch: mean (number
 of runs, min-max) of val/minFDE.
 """
 from __future__ import annotations
@@ -22,7 +22,9 @@ from drivebench.report.convergence import validation_curve
 
 VARIANTS = (("_none_", "none"), ("_max_notf32_", "max, TF32 off"), ("_max32_", "max, fp32 (TF32 on)"),
             ("_maxdyn_", "max, compile_dynamic"), ("_max_gru32_", "max, GRU in fp32"),
-            ("_max_h32pgo_", "max, GRU and output heads in fp32"), ("_max_", "max"))
+            ("_max_h32pgo_", "max, GRU and output heads in fp32"),
+            ("_max_p53_", "max, GRU and output heads in fp32 (b53, the defaults)"),
+            ("_max_fp32_", "max, fp32 with TF32 off (b54)"), ("_max_", "max"))
 
 
 def variant(name: str) -> str:
