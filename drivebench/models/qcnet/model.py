@@ -75,8 +75,8 @@ class QCNet(nn.Module):
         of compilation (experiments/results/h200-2026-12-02-b28).
         ``layers_gru``: ``layers`` and the decoder's trajectory GRU, which then runs its recurrence unrolled into
         plain ops that Inductor fuses, instead of cuDNN's kernel (one H100, b53: cuDNN's float32 GRU is 10.5% of a
-        ``max`` step's kernel time, 5.7 ms, its backward's elementwise kernel alone 3.9 ms). Not measured yet: for
-        the timing against ``layers`` in one GPU call (``scripts/device/bench53.sh g``).
+        ``max`` step's kernel time, 5.7 ms, its backward's elementwise kernel alone 3.9 ms). On that H100 (b54)
+        the unrolled form steps 2.8% faster, inside the runs' spread, with four graphs more to compile.
         ``net``: the whole net as one unit (one graph, no breaks): Inductor fuses the elementwise
         chains of every layer; with ``accel.cuda_graphs`` the padded shapes make it compile once
         for static and once for dynamic shapes.
