@@ -27,8 +27,9 @@ VARIANTS = (("_none_", "none"), ("_max_notf32_", "max, TF32 off"), ("_max32_", "
             ("_max_fp32_", "max, fp32 with TF32 off (b54)"), ("_max_", "max"))
 
 
-def variant(name: str) -> str:
-    return next(label for key, label in VARIANTS if key in f"_{name}_")
+def variant(name: str) -> str | None:
+    """The variant a run folder's name says; None for a name of none (another schedule: bench55's 15-epoch runs)."""
+    return next((label for key, label in VARIANTS if key in f"_{name}_"), None)
 
 
 def qcnet_run_dirs(found: RunSet) -> list[str]:
@@ -50,7 +51,7 @@ def main(root: Path) -> None:
     groups: dict[str, list[list[float]]] = {}
     for name, val, _ in qcnet_runs(root):
         curve = list(val["value"])
-        if curve:
+        if curve and variant(name) is not None:
             groups.setdefault(variant(name), []).append(curve)
     for label, curves in groups.items():
         cells = []

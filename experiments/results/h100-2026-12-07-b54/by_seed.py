@@ -5,6 +5,8 @@ from pathlib import Path
 from lag_by_variant import qcnet_runs, variant
 rows = {}
 for name, val, _ in qcnet_runs(Path("/tmp/qq")):
+    if variant(name) is None:  # another schedule (bench55)
+        continue
     seed = re.search(r"_s(20\d\d)", name)
     rows.setdefault((variant(name), seed.group(1) if seed else "?"), []).append([round(v, 2) for v in val["value"]])
 for (v, s), curves in sorted(rows.items()):
