@@ -378,7 +378,7 @@ class ScalingExperimentConfig:
 @dataclass
 class PathsConfig:
     cache: str = MISSING
-    output_dir: str = MISSING
+    output_dir: Optional[str] = MISSING  # the run's directory; None only where Hydra made none (``--cfg job --resolve``)
     outputs_root: str = MISSING
 
 

@@ -251,3 +251,14 @@ def test_help_lists_only_the_real_groups():
     groups = {line.split(":", 1)[0] for line in section.splitlines() if ": " in line and "(group=option)" not in line}
     assert groups == set(GROUPS), sorted(groups ^ set(GROUPS))
     assert ".hydra" not in proc.stdout and "results" not in section
+
+
+def test_the_resolved_config_prints(tmp_path):
+    """``--cfg job --resolve`` (Hydra's way to see every interpolation's value) makes no run directory, so
+    ``paths.output_dir`` resolves to null there: it prints the config instead of a traceback."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "drivebench", "model=qcnet", "--cfg", "job", "--resolve"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "output_dir: null" in proc.stdout and "${" not in proc.stdout
+    assert not list(tmp_path.iterdir())
