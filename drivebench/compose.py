@@ -61,12 +61,33 @@ def check_command_line(argv: list[str]) -> list[DictConfig]:
         args = get_args_parser().parse_args(argv)
     except SystemExit:  # not a command line Hydra accepts: let Hydra print its usage
         return []
+    check_hydra_modes(args)
     if (args.help or args.hydra_help or args.info or args.shell_completion or args.config_path
             or args.config_dir or args.experimental_rerun):
         return []
     name = args.config_name or "config"
     jobs = sweep_jobs(args.overrides, name) if args.multirun else [args.overrides]
     return [compose(job, name, return_hydra_config=True) for job in jobs]
+
+
+_COMPLETION_COMMANDS = ("install", "uninstall", "query")
+
+
+def check_hydra_modes(args: Any) -> None:
+    """Hydra's mode flags that it refuses with a traceback (a ValueError once the run starts), refused here in one
+    line instead: more than one of ``--run``, ``-m``, ``--cfg``, ``--info``, ``--shell-completion``; and
+    ``--shell-completion`` without exactly one of its commands."""
+    modes = [flag for flag, on in (("--run", args.run), ("-m", args.multirun), ("--cfg", args.cfg is not None),
+                                   ("--info", args.info is not None), ("--shell-completion", args.shell_completion))
+             if on]
+    if len(modes) > 1:
+        raise ConfigError(f"{' and '.join(modes)} cannot be combined (Hydra runs one of --run, -m, --cfg, --info "
+                          "and --shell-completion): keep one")
+    if args.shell_completion:
+        given = [word.split("=", 1)[0] for word in args.overrides if word.split("=", 1)[0] in _COMPLETION_COMMANDS]
+        if len(given) != 1:
+            raise ConfigError("--shell-completion needs exactly one of install=SHELL, uninstall=SHELL or query=SHELL "
+                              "(e.g. --shell-completion install=bash)")
 
 
 def sweep_jobs(overrides: list[str], config_name: str = "config") -> list[list[str]]:

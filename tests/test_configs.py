@@ -262,3 +262,21 @@ def test_the_resolved_config_prints(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "output_dir: null" in proc.stdout and "${" not in proc.stdout
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["-m", "model=qcnet,maptr", "--cfg", "job"], "-m and --cfg cannot be combined"),
+    (["--cfg", "job", "--info"], "--cfg and --info cannot be combined"),
+    (["--shell-completion"], "--shell-completion needs exactly one of install=SHELL"),
+])
+def test_hydras_conflicting_flags_are_refused_in_one_line(argv, words, tmp_path, monkeypatch, capsys):
+    """Hydra itself refuses these with a ValueError's traceback once it starts."""
+    from drivebench.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert err.startswith(f"drivebench: error: {words}") and len(err.strip().splitlines()) == 1, err
+    assert not list(tmp_path.iterdir()), "a run directory was made"
