@@ -191,6 +191,11 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
     write_run(tmp_path / "ok" / "r1", machine=CPU)
     assert main([str(tmp_path / "ok"), "--target", "loss=3"]) == 2
     assert "METRIC<=VALUE" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")  # an out folder that cannot be made: named with its key, before any run is read
+    assert main([str(tmp_path / "ok"), f"report.out={tmp_path / 'a-file' / 'r'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"drivebench.report: error: report.out={tmp_path / 'a-file' / 'r'}: cannot create") and \
+        len(err.strip().splitlines()) == 1, err
 
 
 def test_mixed_schema_and_broken_runs_are_reported_not_raised(tmp_path, capsys):

@@ -90,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         return _fail(str(err))
     out = args.out or args.dirs[0]
+    if args.out is not None:  # before reading any run: a folder that cannot be made fails in one line, at once
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            return _fail(f"report.out={out}: cannot create that folder ({err.strerror}); give a writable one")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # third-party deprecation chatter; our own warnings are printed
