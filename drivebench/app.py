@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import warnings
 import time
 from dataclasses import dataclass, field
@@ -230,7 +231,18 @@ def _check_directories(cfg: DictConfig) -> None:
                 if not part.is_dir():
                     what = "names a file" if part == path else f"is inside {part}, a file"
                     raise ConfigError(f"{key}={value} {what}; it must be a directory: choose another {key}")
+                _check_writable(key, value, part)
                 break
+
+
+def _check_writable(key: str, value: Any, existing: Path) -> None:
+    """``existing`` (``value`` itself or its nearest existing parent) takes a new folder: made and removed at once,
+    so that a run does not prepare its data and then fail to write there (``ckpt.dir=/proc/x``, a read-only mount)."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".drivebench-probe-", dir=existing))
+    except OSError as err:
+        where = "is not writable" if existing == Path(str(value)).expanduser() else f"cannot be made in {existing}"
+        raise ConfigError(f"{key}={value} {where} ({err.strerror or err}); choose a writable {key}") from None
 
 
 def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:

@@ -111,6 +111,8 @@ BAD_VALUES = [
     ("hydra.run.dir={tmp}/a_file", "hydra.run.dir={tmp}/a_file names a file", "choose another hydra.run.dir"),
     ("paths.cache={tmp}/a_file", "paths.cache={tmp}/a_file names a file", "directory"),
     ("ckpt.dir={tmp}/a_file/sub", "ckpt.dir={tmp}/a_file/sub is inside {tmp}/a_file, a file", "directory"),
+    # a folder that cannot be made there (root writes anywhere by its permission bits, not in /proc)
+    ("ckpt=local ckpt.dir=/proc/drivebench-x", "ckpt.dir=/proc/drivebench-x cannot be made in /proc", "choose a writable"),
     ("resume={tmp}/garbage.ckpt", "resume={tmp}/garbage.ckpt is not a checkpoint drivebench can read", "not a zip"),
     ("resume={tmp}/empty.ckpt", "resume={tmp}/empty.ckpt is not a checkpoint drivebench can read", "empty"),
     ("resume={tmp}/nosuch.ckpt", "resume={tmp}/nosuch.ckpt does not exist", "resume=auto"),
