@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -208,6 +209,32 @@ def check_before_start(cfg: DictConfig) -> None:
                               "drivebench run wrote, or resume=auto")
         read_checkpoint(str(Path(str(resume)).expanduser()))  # memory-mapped: its pickle only
     _check_backbone_weights(cfg)
+    _check_net_arguments(cfg)
+
+
+_ARGUMENT_ERROR = re.compile(r"(\w+)=")
+
+
+def _check_net_arguments(cfg: DictConfig) -> None:
+    """The net's constructor, run on the meta device (no memory, no data), so that a bad choice among its
+    arguments (``model.net.compile_scope=all``) is refused in one line before any work. A ValueError that names one
+    of ``model.net``'s keys (``compile_scope='all' is not valid; ...``) becomes a ConfigError for that key; any
+    other failure there (a constructor that copies data, which meta tensors cannot give) is left to the real build."""
+    import torch
+
+    keys = {str(k) for k in cfg.model.net.keys() if not str(k).startswith("_")}
+    try:
+        with torch.device("meta"):
+            build(cfg.model.net)
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - only a ValueError naming a key is the config's fault
+        cause: BaseException | None = err
+        while cause is not None and not isinstance(cause, ValueError):
+            cause = cause.__cause__
+        named = _ARGUMENT_ERROR.match(str(cause)) if cause is not None else None
+        if named and named.group(1) in keys:
+            raise ConfigError(f"model.net.{cause}") from None
 
 
 def _check_backbone_weights(cfg: DictConfig) -> None:

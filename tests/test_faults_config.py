@@ -94,6 +94,9 @@ BAD_VALUES = [
     ("accel.prefetch_factor=0", "accel.prefetch_factor=0 is not valid", ">= 1 or null"),
     ("accel.threads=-2", "accel.threads=-2 is not valid", "auto, default or a whole number"),
     ("model=gaussianformer model.net.norm_eval=maybe", "model.net.norm_eval='maybe' is not valid", "with_weights"),
+    # a net argument the model's constructor refuses (run on the meta device before any work)
+    ("model.net.compile_scope=all", "model.net.compile_scope='all' is not valid", "layers_gru"),
+    ("model=sparsedrive model.net.aggregation=nosuch", "model.net.aggregation='nosuch' is not valid", "grid_sample"),
     # choices
     ("machine.accelerator=tpu", "machine.accelerator='tpu' is not valid", "auto, gpu, cpu"),
     ("model.size=nosuch", "model.size='nosuch' is not a size of model 'qcnet'", "paper, test"),

@@ -101,7 +101,7 @@ class DeformableAggregation(nn.Module):
     ) -> None:
         super().__init__()
         if impl not in AGGREGATION_IMPLS:
-            raise ValueError(f"aggregation={impl!r}; valid choices: {', '.join(AGGREGATION_IMPLS)}")
+            raise ValueError(f"aggregation={impl!r} is not valid; choose one of: {', '.join(AGGREGATION_IMPLS)}")
         self.impl = impl
         if embed_dims % num_groups:
             raise ValueError(f"embed_dims={embed_dims} is not divisible by num_groups={num_groups}")

@@ -84,9 +84,9 @@ class GaussianFormer(nn.Module):
     ) -> None:
         super().__init__()
         if loss_layers not in LOSS_LAYER_CHOICES:
-            raise ValueError(f"loss_layers={loss_layers!r}; valid choices: {LOSS_LAYER_CHOICES}")
+            raise ValueError(f"loss_layers={loss_layers!r} is not valid; choose one of: {LOSS_LAYER_CHOICES}")
         if compile_scope not in COMPILE_SCOPES:
-            raise ValueError(f"compile_scope={compile_scope!r}; valid choices: {', '.join(COMPILE_SCOPES)}")
+            raise ValueError(f"compile_scope={compile_scope!r} is not valid; choose one of: {', '.join(COMPILE_SCOPES)}")
         self.compile_scope = compile_scope
         self.grid = GridSpec(tuple(int(v) for v in grid_shape), tuple(float(v) for v in grid_lower), float(voxel_size))
         self.num_classes = num_classes

@@ -165,7 +165,7 @@ class DeformableFeatureAggregation(nn.Module):
             raise ValueError(f"embed dims {dims} not divisible by num_groups {num_groups}")
         self.dims, self.num_groups, self.num_levels, self.num_cams = dims, num_groups, num_levels, num_cams
         if impl not in AGGREGATION_IMPLS:
-            raise ValueError(f"aggregation={impl!r}; valid choices: {', '.join(AGGREGATION_IMPLS)}")
+            raise ValueError(f"aggregation={impl!r} is not valid; choose one of: {', '.join(AGGREGATION_IMPLS)}")
         self.attn_drop = attn_drop
         self.impl = impl
         self.kps = keypoints
