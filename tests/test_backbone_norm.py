@@ -52,6 +52,27 @@ def test_with_weights_the_batchnorm_is_frozen_and_keeps_their_statistics(tmp_pat
     assert not ResNetBackbone("resnet18", out_indices=(3,), norm_eval="with_weights").frozen_norm
 
 
+def test_a_weights_file_that_is_not_this_resnets_state_dict_is_refused_naming_it(tmp_path):
+    """strict=False loading would take a file of another network silently (nothing loaded): refused instead."""
+    cases = {
+        "text.pth": (lambda p: p.write_text("not a checkpoint"), "is not a state_dict torch.load can read"),
+        "list.pth": (lambda p: torch.save([1, 2], p), "holds a list, not a state_dict"),
+        "other.pth": (lambda p: torch.save({"foo": torch.zeros(3)}, p),
+                      "shares no parameter name with a torchvision resnet18"),
+        "r34.pth": (lambda p: torch.save(torchvision.models.resnet34(weights=None).state_dict(), p), None),
+        "r50.pth": (lambda p: torch.save(torchvision.models.resnet50(weights=None).state_dict(), p),
+                    "does not fit a torchvision resnet18: size mismatch"),
+    }
+    for name, (write, words) in cases.items():
+        path = tmp_path / name
+        write(path)
+        if words is None:  # resnet34's extra blocks are keys resnet18 lacks; its shared ones fit: loaded, as upstream
+            ResNetBackbone("resnet18", out_indices=(3,), weights=str(path))
+            continue
+        with pytest.raises(ValueError, match=f"backbone_weights={path} {words}"):
+            ResNetBackbone("resnet18", out_indices=(3,), weights=str(path))
+
+
 @pytest.mark.parametrize("norm_eval, weights, frozen", [
     (True, None, True), (False, "w.pth", False), ("with_weights", None, False), ("with_weights", "w.pth", True)])
 def test_frozen_norm_resolves(norm_eval, weights, frozen):

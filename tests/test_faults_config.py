@@ -115,12 +115,15 @@ BAD_VALUES = [
     ("paths.cache={tmp}/a_file", "paths.cache={tmp}/a_file names a file", "directory"),
     ("ckpt.dir={tmp}/a_file/sub", "ckpt.dir={tmp}/a_file/sub is inside {tmp}/a_file, a file", "directory"),
     # a folder that cannot be made there (root writes anywhere by its permission bits, not in /proc)
-    ("ckpt=local ckpt.dir=/proc/drivebench-x", "ckpt.dir=/proc/drivebench-x cannot be made in /proc", "choose a writable"),
+    ("ckpt=local ckpt.dir=/proc/drivebench-x", "ckpt.dir=/proc/drivebench-x cannot be made in /proc",
+     "choose a writable"),
     ("resume={tmp}/garbage.ckpt", "resume={tmp}/garbage.ckpt is not a checkpoint drivebench can read", "not a zip"),
     ("resume={tmp}/empty.ckpt", "resume={tmp}/empty.ckpt is not a checkpoint drivebench can read", "empty"),
     ("resume={tmp}/nosuch.ckpt", "resume={tmp}/nosuch.ckpt does not exist", "resume=auto"),
     ("model=maptr model.net.backbone_weights={tmp}/nosuch.pth", "model.net.backbone_weights={tmp}/nosuch.pth does not exist",
      "model.net.backbone_weights=null"),
+    ("model=maptr model.net.backbone_weights={tmp}/garbage.ckpt",
+     "model.net.backbone_weights={tmp}/garbage.ckpt is not a state_dict torch.load can read", "ResNet state_dict"),
 ]
 
 

@@ -48,6 +48,32 @@ _RESNETS = {
 }
 
 
+
+def load_resnet_weights(net: nn.Module, path: Path, what: str) -> None:
+    """A torchvision ResNet state_dict file into ``net`` (its ``fc.`` classifier left out, other missing keys allowed,
+    as upstream loads ImageNet weights). ValueError naming ``backbone_weights`` (the models' argument) for a file that
+    is not such a state_dict or shares no parameter with this ResNet: strict=False alone would load nothing silently."""
+    if not path.is_file():
+        raise FileNotFoundError(f"backbone weights file {path} does not exist; set model.net.backbone_weights=null "
+                                "to train from random init")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unreadable file is the same mistake
+        raise ValueError(f"backbone_weights={path} is not a state_dict torch.load can read ({type(err).__name__}); "
+                         "give a torchvision ResNet state_dict file") from err
+    if not isinstance(state, dict):
+        raise ValueError(f"backbone_weights={path} holds a {type(state).__name__}, not a state_dict; give a "
+                         "torchvision ResNet state_dict file")
+    state = {k: v for k, v in state.items() if not str(k).startswith("fc.")}
+    if not set(state) & set(net.state_dict()):
+        raise ValueError(f"backbone_weights={path} shares no parameter name with a torchvision {what}; give "
+                         "that network's state_dict file")
+    try:
+        net.load_state_dict(state, strict=False)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[-1].strip()
+        raise ValueError(f"backbone_weights={path} does not fit a torchvision {what}: {first}") from err
+
 class ResNetBackbone(nn.Module):
     """Returns the feature maps of the requested stages (indices 0..3 = C2..C5).
 
@@ -89,13 +115,7 @@ class ResNetBackbone(nn.Module):
             net = _shrink_resnet(net, width_div)
             channels = tuple(c // width_div for c in channels)
         if weights:
-            path = Path(weights)
-            if not path.is_file():
-                raise FileNotFoundError(f"backbone weights file {path} does not exist; set model.net.backbone_weights=null "
-                                        "to train from random init")
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            state = {k: v for k, v in state.items() if not k.startswith("fc.")}
-            net.load_state_dict(state, strict=False)
+            load_resnet_weights(net, Path(weights), depth if width_div == 1 else f"{depth} at 1/{width_div} width")
         self.stem = nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool)
         self.stages = nn.ModuleList([net.layer1, net.layer2, net.layer3, net.layer4])
         self.out_indices = tuple(out_indices)
