@@ -224,7 +224,10 @@ def _check_net_arguments(cfg: DictConfig) -> None:
 
     keys = {str(k) for k in cfg.model.net.keys() if not str(k).startswith("_")}
     try:
-        with torch.device("meta"):
+        # silent: loading weights into meta parameters warns once per tensor (a no-op copy); the real build warns
+        # whatever is worth a warning
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             build(cfg.model.net)
     except ConfigError:
         raise

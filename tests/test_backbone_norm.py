@@ -92,3 +92,21 @@ def test_a_bad_norm_eval_names_the_choices():
 def test_the_models_train_their_batchnorm_from_random_init(name, size, overrides, norms):
     model = create_model(name, size, **overrides)
     assert _norms(model.image_encoder) == norms
+
+
+def test_the_pre_run_check_of_a_fitting_weights_file_is_silent(tmp_path):
+    """The check builds the net on the meta device, where loading weights warns once per tensor (a no-op copy): it
+    must not print those (MapTR tiny with a ResNet-50 file: 265 warnings before)."""
+    import warnings
+
+    from drivebench.app import check_before_start
+    from drivebench.compose import compose
+
+    path = tmp_path / "r50.pth"
+    torch.save(torchvision.models.resnet50(weights=None).state_dict(), path)
+    cfg = compose(["model=maptr", "model.size=tiny", f"model.net.backbone_weights={path}",
+                   f"hydra.run.dir={tmp_path / 'run'}"], return_hydra_config=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_before_start(cfg)
+    assert not [w for w in caught if "meta" in str(w.message)], caught[:3]
