@@ -202,7 +202,8 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
         if not ratio or r["setting"] == BASELINE_SETTING:
             return f"{first}, then every {between}"
         k = r.get("validations_for_aim", math.nan)
-        aim = f"{SOONER_AIM:g}x from validation {k:.0f} on" if k == k else f"under {SOONER_AIM:g}x on any longer schedule"
+        aim = (f"{SOONER_AIM:g}x from validation {k:.0f} on" if math.isfinite(k)
+               else f"under {SOONER_AIM:g}x on any longer schedule")
         return f"{first}, then every {between} ({ratio}; {aim})"
 
     def same_as_none(r: pd.Series) -> str:

@@ -15,6 +15,7 @@ loaded and otherwise trains it, as upstream's MapTR nano and SparseDrive configs
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Literal, Sequence, Union
 
@@ -48,7 +49,6 @@ _RESNETS = {
 }
 
 
-
 def load_resnet_weights(net: nn.Module, path: Path, what: str) -> None:
     """A torchvision ResNet state_dict file into ``net`` (its ``fc.`` classifier left out, other missing keys allowed,
     as upstream loads ImageNet weights). ValueError naming ``backbone_weights`` (the models' argument) for a file that
@@ -57,7 +57,9 @@ def load_resnet_weights(net: nn.Module, path: Path, what: str) -> None:
         raise FileNotFoundError(f"backbone weights file {path} does not exist; set model.net.backbone_weights=null "
                                 "to train from random init")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        # memory-mapped where the format allows: the pre-run check builds the net on the meta device, whose copy
+        # reads no tensor data, so the file's tensors are read once, by the run's own build
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except Exception as err:  # noqa: BLE001 - any unreadable file is the same mistake
         raise ValueError(f"backbone_weights={path} is not a state_dict torch.load can read ({type(err).__name__}); "
                          "give a torchvision ResNet state_dict file") from err
@@ -73,6 +75,7 @@ def load_resnet_weights(net: nn.Module, path: Path, what: str) -> None:
     except RuntimeError as err:
         first = str(err).strip().splitlines()[-1].strip()
         raise ValueError(f"backbone_weights={path} does not fit a torchvision {what}: {first}") from err
+
 
 class ResNetBackbone(nn.Module):
     """Returns the feature maps of the requested stages (indices 0..3 = C2..C5).
