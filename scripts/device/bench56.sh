@@ -8,7 +8,8 @@
 #   a  on an H200: MapTR nano `max` seeds 2023 (cold), 2024, 2025 (bench49 d; the H200's `none` runs of b39/b42
 #      stand), then GaussianFormer `max` seed 2023 on an emptied cache (bench39 j); on an H100: GaussianFormer `max`
 #      seeds 2023 (cold) and 2024 (warm) (bench39 j)
-#   b  GaussianFormer `none` seed 2023, two epochs, checkpointed each half epoch (bench39 i: run again to continue)
+#   b  GaussianFormer `none` seed 2023, two epochs, checkpointed each half epoch (bench39 i: run again to continue;
+#      LIMIT, default 565: what the session has left)
 #   c  GaussianFormer `max`, more seeds on a's cache (WARM=1; SEEDS, default 2025 on an H100, "2024 2025" on an H200)
 set -u
 part=${1:-a}
@@ -19,7 +20,7 @@ case "$part:$gpu" in
   a:*H200*) LIMIT=265 bash scripts/device/bench49.sh d; keep maptr
             SEEDS=2023 CAP=300 LIMIT=300 bash scripts/device/bench39.sh j; keep gf ;;
   a:*)      SEEDS="2023 2024" CAP=330 LIMIT=560 bash scripts/device/bench39.sh j; keep gf ;;
-  b:*)      LIMIT=565 bash scripts/device/bench39.sh i; keep gf-none ;;
+  b:*)      LIMIT=${LIMIT:-565} bash scripts/device/bench39.sh i; keep gf-none ;;
   c:*H200*) WARM=1 SEEDS=${SEEDS:-"2024 2025"} CAP=${CAP:-250} LIMIT=565 bash scripts/device/bench39.sh j; keep gf-warm ;;
   c:*)      WARM=1 SEEDS=${SEEDS:-2025} CAP=${CAP:-300} LIMIT=330 bash scripts/device/bench39.sh j; keep gf-warm ;;
   *) echo "unknown part $part (a, b, c)" | tee -a "$OUT/log.txt"; exit 2 ;;
