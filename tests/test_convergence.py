@@ -115,10 +115,10 @@ def test_convergence_table_says_how_much_of_the_time_to_target_was_compiling_and
     analysed = analyse(runs, scalars, targets)
     table = convergence_table(analysed, scalars, targets[0]).set_index("setting")
     assert table.loc["max", "compile_s_median"] == pytest.approx(100.0)
-    assert table.loc["max", "compile_cache"] == "cold,warm"
+    assert table.loc["max", "compile_cache"] == "cold / warm"
     assert math.isnan(table.loc["none", "compile_s_median"]) and pd.isna(table.loc["none", "compile_cache"])
     shown = convergence_display(table.reset_index()).set_index("setting")
-    assert shown.loc["max", "of which compiling"] == "100 s (cold,warm cache)"
+    assert shown.loc["max", "of which compiling"] == "100 s (cold / warm cache)"
     assert shown.loc["none", "of which compiling"] == "-"
 
 

@@ -327,7 +327,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             "not_reached_by_s": float(unreached_s.max()) if len(unreached_s) else math.nan,
             # the one-time cost inside those seconds (a cold compile decides a short schedule)
             "compile_s_median": float(part["compile_s"].median()) if "compile_s" in part else math.nan,
-            "compile_cache": (",".join(sorted(set(part["compile_cache"].dropna()))) or None) if "compile_cache" in part else None,
+            "compile_cache": (" / ".join(sorted(set(part["compile_cache"].dropna()))) or None) if "compile_cache" in part else None,
             # the pace: to the first validation (the one-time start in it), then between validations
             "first_validation_s_median": float(part["first_validation_s"].median()),
             "between_validations_s_median": float(part["between_validations_s"].median()),
