@@ -94,8 +94,8 @@ case "$PART" in
   g) resumable sparsedrive_conv_none_s${SEED:-2023} 32 "$SDM" +experiment=convergence model=sparsedrive accel=none \
        seed=${SEED:-2023} ckpt=async ;;  # SEED=2024: the second none seed
   h) CAP=${CAP:-300} conv_max sparsedrive $SDM ;;  # b48: 270 s cold / 200 s warm stopped each run in its last validation
-  i) resumable gaussianformer_conv_none_s2023 96 "$GFM" +experiment=convergence model=gaussianformer $GF_LR accel=none \
-       seed=2023 ckpt=async ;;
+  i) resumable gaussianformer_conv_none_s${SEED:-2023} 96 "$GFM" +experiment=convergence model=gaussianformer $GF_LR \
+       accel=none seed=${SEED:-2023} ckpt=async ;;  # SEED: another none seed (b56 ran 2023)
   j) RECIPE=$GF_LR CAP=${CAP:-330} conv_max gaussianformer $GFM ;;  # b47: the cold seed validated first at 163 s
   k) conv_none maptr val/mAP ;;
   l) run maptr_nano_conv_none_s2023 560 $NANO accel=none seed=2023; curve maptr_nano_conv_none_s2023 val/mAP ;;

@@ -9,7 +9,7 @@
 #      stand), then GaussianFormer `max` seed 2023 on an emptied cache (bench39 j); on an H100: GaussianFormer `max`
 #      seeds 2023 (cold) and 2024 (warm) (bench39 j)
 #   b  GaussianFormer `none` seed 2023, two epochs, checkpointed each half epoch (bench39 i: run again to continue;
-#      LIMIT, default 565: what the session has left)
+#      LIMIT, default 565: what the session has left; SEED, default 2023: another seed)
 #   c  GaussianFormer `max`, more seeds on a's cache (WARM=1; SEEDS, default 2025 on an H100, "2024 2025" on an H200)
 set -u
 part=${1:-a}
