@@ -110,3 +110,10 @@ def test_the_pre_run_check_of_a_fitting_weights_file_is_silent(tmp_path):
         warnings.simplefilter("always")
         check_before_start(cfg)
     assert not [w for w in caught if "meta" in str(w.message)], caught[:3]
+
+
+def test_a_weights_path_under_the_home_directory_loads_as_the_pre_run_check_found_it(tmp_path, monkeypatch):
+    """The pre-run check expands ``~``; the build did not, so a path it let through failed after data preparation."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), tmp_path / "r18.pth")
+    assert ResNetBackbone("resnet18", out_indices=(3,), weights="~/r18.pth").frozen_norm

@@ -52,7 +52,9 @@ _RESNETS = {
 def load_resnet_weights(net: nn.Module, path: Path, what: str) -> None:
     """A torchvision ResNet state_dict file into ``net`` (its ``fc.`` classifier left out, other missing keys allowed,
     as upstream loads ImageNet weights). ValueError naming ``backbone_weights`` (the models' argument) for a file that
-    is not such a state_dict or shares no parameter with this ResNet: strict=False alone would load nothing silently."""
+    is not such a state_dict or shares no parameter with this ResNet: strict=False alone would load nothing silently.
+    A leading ``~`` is expanded, as the pre-run check (drivebench.app) reads the same value."""
+    path = path.expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"backbone weights file {path} does not exist; set model.net.backbone_weights=null "
                                 "to train from random init")
