@@ -62,16 +62,12 @@ export LIMIT=${LIMIT:-580}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 SPREAD=${SPREAD:-1}  # SPREAD=0: a and b skip their second max run (a session short of device time)
 C=$QCNET_CONV QM=$QCNET_METRICS T=$TRAIN_ONLY
-# conv_none MODEL METRICS...: its convergence run at none, seed 2023, alone in the call; conv_max: max, two seeds, one cold cache
+# conv_none MODEL METRICS...: its convergence run at none, seed 2023, alone in the call; conv_max (lib.sh): max seeds
 # (RECIPE: extra overrides of the model's convergence recipe, e.g. GaussianFormer's learning rate)
 conv_none() { run "$1_conv_none_s2023" 560 +experiment=convergence model="$1" ${RECIPE:-} accel=none seed=2023; curve "$1_conv_none_s2023" "${@:2}"; }
-# (SEEDS, CAP: the seeds and each run's cap; b47's j: GaussianFormer's cold seed 2023 reached its first validation at
-# 163 s, so two epochs with their validations need more than 270 s: SEEDS=2023 CAP=330 LIMIT=360 for one seed a call,
-# then WARM=1 SEEDS=2024 on the machine kept warm, on the cache the first call filled)
-conv_max() {
-  if [[ -n ${WARM:-} ]]; then reuse_cache "$1-conv"; else cold "$1-conv"; fi
-  for s in ${SEEDS:-2023 2024}; do run "$1_conv_max_s$s" "${CAP:-270}" +experiment=convergence model="$1" ${RECIPE:-} accel=max seed=$s; curve "$1_conv_max_s$s" "${@:2}"; done
-}
+# (b47's j: GaussianFormer's cold seed 2023 reached its first validation at 163 s, so two epochs with their
+# validations need more than 270 s: SEEDS=2023 CAP=330 LIMIT=360 for one seed a call, then WARM=1 SEEDS=2024 on the
+# machine kept warm, on the cache the first call filled)
 SDM="val/map/mAP val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg" GFM="val/miou_present val/miou"
 # GaussianFormer's 2-epoch schedule learns at 5x upstream's lr: at test size on the CPU, lr 1e-3 gave miou_present
 # 9.96 / 15.7 after epochs 1 / 2 (seed 2023; 7.66 / 13.3 seed 2024), upstream's 2e-4 0.0 / 0.02

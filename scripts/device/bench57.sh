@@ -24,12 +24,7 @@ case "$PART" in
      run gf_max 190 $GF; run gf_max_agg 130 $GF $AGG; run gf_max_enc 150 $GF $ENC; run gf_max_agg_enc 110 $GF $AGG $ENC ;;
   s) cold sd57
      run sd_max 160 $SD; run sd_max_agg 150 $SD $AGG; run sd_max2 120 $SD ;;
-  gc) cold gf57-conv
-      for s in ${SEEDS:-2023 2024}; do
-        run "gaussianformer_conv_max_s${s}_b57" "${CAP:-250}" +experiment=convergence model=gaussianformer \
-          model.optimizer.lr=1e-3 accel=max seed=$s ${KNOBS:-}
-        curve "gaussianformer_conv_max_s${s}_b57" val/miou_present val/miou
-      done ;;
+  gc) RECIPE="model.optimizer.lr=1e-3 ${KNOBS:-}" CAP=${CAP:-250} conv_max gaussianformer val/miou_present val/miou ;;
   *) log "unknown part $PART (g, s, gc)"; exit 2 ;;
 esac
 report

@@ -108,6 +108,13 @@ resumable() {
   run "$name" 575 "$@" ckpt.dir="/tmp/ckpt-$name" ckpt.every_n_steps="$every" resume=auto
   curve "$name" $metrics
 }
+# conv_max MODEL METRICS...: MODEL's convergence run at max, one per seed (SEEDS, default "2023 2024"; CAP s each,
+# default 270) on an emptied Inductor cache of its own (WARM=1: on the cache an earlier call left); RECIPE: extra
+# overrides (GaussianFormer's learning rate, a knob under test)
+conv_max() {
+  if [[ -n ${WARM:-} ]]; then reuse_cache "$1-conv"; else cold "$1-conv"; fi
+  for s in ${SEEDS:-2023 2024}; do run "$1_conv_max_s$s" "${CAP:-270}" +experiment=convergence model="$1" ${RECIPE:-} accel=max seed=$s; curve "$1_conv_max_s$s" "${@:2}"; done
+}
 # what parts share: QCNet's convergence experiment and its metrics, a bounded run that only trains
 QCNET_CONV="+experiment=convergence model=qcnet"
 QCNET_METRICS="val/minFDE val/cv_minFDE"
