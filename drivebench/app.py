@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from drivebench.accel.compile import apply_compile, shape_profile_key, to_channels_last, use_compile_cache
+from drivebench.models.ops.deformable_aggregation import use_compiled_where_auto
 from drivebench.accel.cuda_graphs import settle_cuda_graphs
 from drivebench.accel.settings import AccelSettings
 from drivebench.accel.threads import ThreadBudget
@@ -64,6 +65,7 @@ class Run:
     cuda_graphs: str = "off"  # on | off | off: <why auto turned them off>
     fused_optimizer: str = "off"  # on | off | off: <why it cannot run here> (settings.fused_optimizer)
     activation_checkpointing: dict[str, Any] = field(default_factory=dict)  # accel's decision, for the summary
+    aggregation: dict[str, Any] = field(default_factory=dict)  # model.net.aggregation=auto as resolved (summary)
     threads: ThreadBudget | None = None  # accel.threads as applied in this process (settings.threads)
     job: DistJob | None = None
     started: float = field(default_factory=time.time)
@@ -307,6 +309,7 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     accel.compile_cache = use_compile_cache(accel.compile_cache, cfg.paths.cache)  # before anything compiles
     profile = (shape_profile_key(OmegaConf.to_container(cfg.model, resolve=True), accel)
                if accel.compile and accel.compile_shape_profile else None)  # only runs that use it resolve the model
+    aggregation = use_compiled_where_auto(net, accel.compile)
     compiled = apply_compile(net, accel, profile)
     device_transform = _device_transform(transform, net, accel)
     if device_transform is not None and getattr(device_transform, "compiles", False):
@@ -325,7 +328,7 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     module.run_config = redact(_plain_config(cfg))
     run = Run(cfg=cfg, machine=machine, accel=accel, output_dir=output_dir, datamodule=datamodule,
               module=module, compiled_units=compiled, p2p=p2p, activation_checkpointing=checkpointing,
-              threads=threads)
+              aggregation=aggregation, threads=threads)
     kwargs = run.trainer_kwargs()  # validates dist.devices / backend against this machine before any work
     devices = kwargs["devices"]
     world = (devices if isinstance(devices, int) else len(devices)) * int(kwargs["num_nodes"])

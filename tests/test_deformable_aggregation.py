@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -92,3 +94,45 @@ def test_unknown_impl_is_refused():
     features, points, weights = _inputs()
     with pytest.raises(ValueError, match="valid choices: grid_sample, chunked, compiled"):
         deformable_aggregation(features, points, weights, impl="triton")
+
+
+def test_compiled_inside_a_compiled_region_traces_into_its_graph():
+    """A compile unit around the op (GaussianFormer's ``compile_scope=encoder``) traces the op into its own graph
+    and never compiles it apart (torch 2.11 broke the graph there, once per block, on the H100 in b57):
+    ``fullgraph=True`` raises on any break, and the op's own compiled function is not even created."""
+    module = importlib.import_module("drivebench.models.ops.deformable_aggregation")  # the function shadows the name
+
+    features, points, weights = _inputs(dtype=torch.float32)
+    region = torch.compile(lambda f, p, w: deformable_aggregation(f, p, w, impl="compiled") * 2.0,
+                           backend="aot_eager", fullgraph=True)
+    torch._dynamo.reset()
+    module._COMPILED.clear()
+    out = region(features, points, weights)
+    assert module._COMPILED == {}
+    ref = deformable_aggregation(features, points, weights, impl="grid_sample") * 2.0
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["gaussianformer", "sparsedrive"])
+def test_auto_aggregation_is_compiled_only_where_the_run_compiles(model):
+    from drivebench.models import create_model
+    from drivebench.models.ops.deformable_aggregation import use_compiled_where_auto
+
+    def impls(net):
+        return {m.impl for m in net.modules() if hasattr(m, "requested_impl")}
+
+    net = create_model(model, "test", aggregation="auto")
+    assert impls(net) == {"grid_sample"}  # unresolved, a built model runs eagerly
+    record = use_compiled_where_auto(net, compiling=True)
+    assert impls(net) == {"compiled"} and record["impl"] == "compiled" and record["modules"] >= 2
+    assert use_compiled_where_auto(net, compiling=False)["impl"] == "grid_sample" and impls(net) == {"grid_sample"}
+    chosen = create_model(model, "test", aggregation="chunked")  # a named implementation is left alone
+    assert use_compiled_where_auto(chosen, compiling=True) == {} and impls(chosen) == {"chunked"}
+
+
+def test_unknown_model_aggregation_names_auto_among_the_choices():
+    from drivebench.models import create_model
+
+    with pytest.raises(ValueError, match="aggregation='fast' is not valid; choose one of: grid_sample, chunked, "
+                                         "compiled, auto"):
+        create_model("gaussianformer", "test", aggregation="fast")

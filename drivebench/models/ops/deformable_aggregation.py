@@ -18,6 +18,11 @@ Three implementations of the same sum (``impl``):
   (keypoint, camera, level, corner), compiled with ``torch.compile`` so that Inductor fuses gather,
   weighting and reduction (and their backward scatters) into kernels that never build the samples,
   as upstream's fused op. Eager, this form would build 4x the samples: it is only run compiled.
+  Inside a region that is itself being compiled (a model's compile unit), it is traced into that
+  region's graph instead of calling its own compiled function (which Dynamo cannot trace: a graph break).
+
+A model's ``aggregation`` knob may also be ``auto``: ``compiled`` where ``accel.compile`` compiles the
+model (``max`` on GPUs), ``grid_sample`` elsewhere (``use_compiled_where_auto``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 AGGREGATION_IMPLS = ("grid_sample", "chunked", "compiled")
+AGGREGATION_CHOICES = (*AGGREGATION_IMPLS, "auto")  # what a model's ``aggregation`` knob takes
 DEFAULT_CHUNK_ELEMENTS = 1 << 26  # sampled feature values per chunk (256 MiB in float32)
 
 
@@ -140,6 +146,8 @@ _COMPILED: dict[str, Callable[..., Any]] = {}
 
 
 def _compiled(features: list[torch.Tensor], points: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    if torch.compiler.is_compiling():  # inside a compiled unit: one graph with its surroundings, no break
+        return corner_gather_aggregation(features, points, weights)
     fn = _COMPILED.get("fn")
     if fn is None:
         fn = _COMPILED["fn"] = torch.compile(corner_gather_aggregation, dynamic=False)
@@ -173,3 +181,28 @@ def deformable_aggregation(
     if impl == "compiled":
         return _compiled(features, points, weights)
     raise ValueError(f"deformable aggregation impl={impl!r}; valid choices: {', '.join(AGGREGATION_IMPLS)}")
+
+
+def check_aggregation_choice(impl: str) -> str:
+    """A model's ``aggregation`` knob, refused with the valid choices when unknown."""
+    if impl not in AGGREGATION_CHOICES:
+        raise ValueError(f"aggregation={impl!r} is not valid; choose one of: {', '.join(AGGREGATION_CHOICES)}")
+    return impl
+
+
+def use_compiled_where_auto(net: torch.nn.Module, compiling: bool) -> dict[str, Any]:
+    """Resolve the ``aggregation=auto`` modules of ``net`` (those with ``requested_impl == "auto"``).
+
+    ``compiled`` where the run compiles (``accel.compile``): the same sum without materialising the
+    samples, measured 16% faster a GaussianFormer step at ``max`` on an H100 (b57); ``grid_sample``
+    elsewhere, so an eager run (``none``, the CPU) stays eager. Returns the summary record
+    (``settings.aggregation``), empty when no module asked for ``auto``.
+    """
+    modules = [m for m in net.modules() if getattr(m, "requested_impl", None) == "auto"]
+    if not modules:
+        return {}
+    impl = "compiled" if compiling else "grid_sample"
+    for module in modules:
+        module.impl = impl
+    why = "accel.compile is on" if compiling else "accel.compile is off (an eager run stays eager)"
+    return {"knob": "auto", "impl": impl, "why": why, "modules": len(modules)}
