@@ -27,7 +27,6 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from drivebench.accel.compile import apply_compile, shape_profile_key, to_channels_last, use_compile_cache
-from drivebench.models.ops.deformable_aggregation import use_compiled_where_auto
 from drivebench.accel.cuda_graphs import settle_cuda_graphs
 from drivebench.accel.settings import AccelSettings
 from drivebench.accel.threads import ThreadBudget
@@ -40,6 +39,7 @@ from drivebench.dist import (DistJob, RankFailed, TooFewDevices, apply_p2p, buil
 from drivebench.errors import ConfigError, DataError, data_error_in_worker
 from drivebench.lit.base import DriveModule
 from drivebench.models.common.backbone import frozen_norm
+from drivebench.models.ops.deformable_aggregation import use_compiled_where_auto
 from drivebench.models.registry import get_spec
 from drivebench.perf.machine import MachineInfo, detect_machine
 from drivebench.scaling import apply_batch, skips_unavailable_devices, write_skipped
