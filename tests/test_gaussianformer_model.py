@@ -299,3 +299,50 @@ def test_encoder_compile_scope_units_compile_and_keep_the_numbers():
                 module.compile(backend="aot_eager")
         compiled = net(batch)["occ_logits"][-1]
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("aggregation_checkpoint", [False, True])
+def test_max_encoder_with_the_auto_aggregation_trains_like_eager_grid_sample(aggregation_checkpoint):
+    """``max``'s GaussianFormer (b57): ``aggregation=auto`` resolved to ``compiled`` inside the compiled encoder
+    units, the aggregation under checkpoint as gs144000 runs it or not: no graph break, and the loss and every
+    gradient those of the eager ``grid_sample`` model (dropout off: compiled dropout draws other masks)."""
+    from torch._dynamo.utils import counters
+
+    from drivebench.models.gaussianformer.losses import OccupancyLoss
+    from drivebench.models.ops.deformable_aggregation import use_compiled_where_auto
+
+    def build(compiling: bool) -> torch.nn.Module:
+        torch.manual_seed(0)
+        net = create_model("gaussianformer", "test", aggregation="auto", compile_scope="encoder",
+                           aggregation_checkpoint=aggregation_checkpoint).train()
+        assert use_compiled_where_auto(net, compiling)["impl"] == ("compiled" if compiling else "grid_sample")
+        for module in net.modules():
+            if hasattr(module, "attn_drop"):
+                module.attn_drop = 0.0
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        return net
+
+    batch, criterion = make_batch(2, seed=1), OccupancyLoss()
+
+    def loss_and_grads(net: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss = criterion(net(batch)["occ_logits"], batch["occ_label"], batch["occ_mask"])["loss"]
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in net.named_parameters() if p.grad is not None}
+
+    eager = build(compiling=False)
+    ref_loss, ref_grads = loss_and_grads(eager)
+    compiled = build(compiling=True)
+    compiled.load_state_dict(eager.state_dict())
+    torch._dynamo.reset()
+    counters.clear()
+    for name, module in compiled.compile_units().items():
+        if name != "image_encoder":  # as above: quick, and the backbone's compile is covered elsewhere
+            module.compile(backend="aot_eager")
+    loss, grads = loss_and_grads(compiled)
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == ref_grads.keys() and len(grads) > 50
+    for name, want in ref_grads.items():
+        torch.testing.assert_close(grads[name], want, rtol=1e-3, atol=1e-3 * float(want.abs().max()) + 1e-7,
+                                   msg=lambda m: f"grad of {name}: {m}")
