@@ -39,7 +39,6 @@ from drivebench.dist import (DistJob, RankFailed, TooFewDevices, apply_p2p, buil
 from drivebench.errors import ConfigError, DataError, data_error_in_worker
 from drivebench.lit.base import DriveModule
 from drivebench.models.common.backbone import frozen_norm
-from drivebench.models.ops.deformable_aggregation import use_compiled_where_auto
 from drivebench.models.registry import get_spec
 from drivebench.perf.machine import MachineInfo, detect_machine
 from drivebench.scaling import apply_batch, skips_unavailable_devices, write_skipped
@@ -65,7 +64,6 @@ class Run:
     cuda_graphs: str = "off"  # on | off | off: <why auto turned them off>
     fused_optimizer: str = "off"  # on | off | off: <why it cannot run here> (settings.fused_optimizer)
     activation_checkpointing: dict[str, Any] = field(default_factory=dict)  # accel's decision, for the summary
-    aggregation: dict[str, Any] = field(default_factory=dict)  # model.net.aggregation=auto as resolved (summary)
     threads: ThreadBudget | None = None  # accel.threads as applied in this process (settings.threads)
     job: DistJob | None = None
     started: float = field(default_factory=time.time)
@@ -309,7 +307,6 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     accel.compile_cache = use_compile_cache(accel.compile_cache, cfg.paths.cache)  # before anything compiles
     profile = (shape_profile_key(OmegaConf.to_container(cfg.model, resolve=True), accel)
                if accel.compile and accel.compile_shape_profile else None)  # only runs that use it resolve the model
-    aggregation = use_compiled_where_auto(net, accel.compile)
     compiled = apply_compile(net, accel, profile)
     device_transform = _device_transform(transform, net, accel)
     if device_transform is not None and getattr(device_transform, "compiles", False):
@@ -328,7 +325,7 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     module.run_config = redact(_plain_config(cfg))
     run = Run(cfg=cfg, machine=machine, accel=accel, output_dir=output_dir, datamodule=datamodule,
               module=module, compiled_units=compiled, p2p=p2p, activation_checkpointing=checkpointing,
-              aggregation=aggregation, threads=threads)
+              threads=threads)
     kwargs = run.trainer_kwargs()  # validates dist.devices / backend against this machine before any work
     devices = kwargs["devices"]
     world = (devices if isinstance(devices, int) else len(devices)) * int(kwargs["num_nodes"])

@@ -490,7 +490,7 @@ def test_a_completed_auto_run_records_and_is_advised_on_the_settings_the_trial_c
     started_with = {"knob": "keep", "enabled": True, "reason": "model.net.activation_checkpointing (upstream's setting)"}
     run = SimpleNamespace(accel=accel, activation_checkpointing=dict(started_with), fused_optimizer="off",
                           compiled_units=[], module=SimpleNamespace(summary_settings=dict, graphed_loss=None),
-                          datamodule=SimpleNamespace(device_transform=None, transform=None), threads=None, aggregation={},
+                          datamodule=SimpleNamespace(device_transform=None, transform=None), threads=None,
                           started=time.time() - 200.0, cuda_graphs="off")
     summary = {"run": {"bench": "train"}, "paths": {}, "machine": {"accelerator": "cuda", "cpu_cores": 16},
                "settings": {"accel": accel.to_dict(), "activation_checkpointing": run.activation_checkpointing,

@@ -1,4 +1,5 @@
-"""The three implementations of the deformable aggregation compute the same sum (values and gradients)."""
+"""The implementations of the deformable aggregation compute the same sum (values and gradients), and ``auto``
+picks between two of them where it runs."""
 
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def test_compiled_matches_grid_sample():
 
 def test_unknown_impl_is_refused():
     features, points, weights = _inputs()
-    with pytest.raises(ValueError, match="valid choices: grid_sample, chunked, compiled"):
+    with pytest.raises(ValueError, match="valid choices: grid_sample, chunked, compiled, auto"):
         deformable_aggregation(features, points, weights, impl="triton")
 
 
@@ -113,21 +114,34 @@ def test_compiled_inside_a_compiled_region_traces_into_its_graph():
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("model", ["gaussianformer", "sparsedrive"])
-def test_auto_aggregation_is_compiled_only_where_the_run_compiles(model):
-    from drivebench.models import create_model
-    from drivebench.models.ops.deformable_aggregation import use_compiled_where_auto
+def _graph_ops(fn, *args) -> tuple[torch.Tensor, set[str]]:
+    """``fn`` compiled as one graph (``fullgraph``: a break raises); its output and the ops in its graph."""
+    ops: set[str] = set()
 
-    def impls(net):
-        return {m.impl for m in net.modules() if hasattr(m, "requested_impl")}
+    def record(gm: torch.fx.GraphModule, _inputs):
+        ops.update(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
 
-    net = create_model(model, "test", aggregation="auto")
-    assert impls(net) == {"grid_sample"}  # unresolved, a built model runs eagerly
-    record = use_compiled_where_auto(net, compiling=True)
-    assert impls(net) == {"compiled"} and record["impl"] == "compiled" and record["modules"] >= 2
-    assert use_compiled_where_auto(net, compiling=False)["impl"] == "grid_sample" and impls(net) == {"grid_sample"}
-    chosen = create_model(model, "test", aggregation="chunked")  # a named implementation is left alone
-    assert use_compiled_where_auto(chosen, compiling=True) == {} and impls(chosen) == {"chunked"}
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=record, fullgraph=True)(*args), ops
+
+
+def test_auto_runs_grid_sample_eagerly_and_corner_gathers_inside_a_compiled_region():
+    """``auto`` (GaussianFormer's default): the eager op is ``grid_sample``'s, value for value; traced inside a
+    compile unit it is the corner gathers, with no ``grid_sample`` left in the graph and no function of its own."""
+    module = importlib.import_module("drivebench.models.ops.deformable_aggregation")
+    features, points, weights = _inputs(dtype=torch.float32)
+    ref = deformable_aggregation(features, points, weights, impl="grid_sample")
+    assert torch.equal(deformable_aggregation(features, points, weights, impl="auto"), ref)
+    module._COMPILED.clear()
+    out, ops = _graph_ops(lambda f, p, w: deformable_aggregation(f, p, w, impl="auto"), features, points, weights)
+    assert module._COMPILED == {}
+    assert not any("grid_sample" in op for op in ops), ops
+    assert any("floor" in op for op in ops), ops  # the corners of each keypoint, then gathers (getitem)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    _, grid_ops = _graph_ops(lambda f, p, w: deformable_aggregation(f, p, w, impl="grid_sample"),
+                             features, points, weights)
+    assert any("grid_sample" in op for op in grid_ops), grid_ops  # what the check above would have seen
 
 
 def test_unknown_model_aggregation_names_auto_among_the_choices():

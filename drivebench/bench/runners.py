@@ -523,12 +523,9 @@ class TrainBench:
 
     @classmethod
     def _numerics_changes(cls, run: Run) -> list[str]:
-        # aggregation=auto run compiled: the same sum in another order (tests/test_deformable_aggregation.py)
-        aggregation = (["model.net.aggregation=auto (compiled)"]
-                       if run.aggregation.get("impl") == "compiled" else [])
         return run.accel.numerics_changes(
             compiles=bool(run.compiled_units), decodes_on_device=cls._decodes_on_device(run),
-        ) + aggregation + (run.threads.numerics_changes() if run.threads is not None else [])
+        ) + (run.threads.numerics_changes() if run.threads is not None else [])
 
     def _base_summary(self, run: Run) -> dict[str, Any]:
         cfg = run.cfg
@@ -552,7 +549,6 @@ class TrainBench:
                 "cuda_graphs": {"status": run.cuda_graphs},
                 "fused_optimizer": run.fused_optimizer,
                 "activation_checkpointing": run.activation_checkpointing,
-                **({"aggregation": run.aggregation} if run.aggregation else {}),
                 "threads": run.threads.to_dict() if run.threads is not None else None,
                 "compiled_units": run.compiled_units or (
                     "none: the model declares no compile units" if run.accel.compile else []),

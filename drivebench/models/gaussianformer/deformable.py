@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 from drivebench.models.gaussianformer.geometry import GaussianSet, gaussian_axes, safe_sigmoid
 from drivebench.models.common.sparse4d import linear_relu_ln
 from drivebench.models.ops import deformable_aggregation, masked_point_softmax
-from drivebench.models.ops.deformable_aggregation import check_aggregation_choice
+from drivebench.models.ops.deformable_aggregation import AGGREGATION_IMPLS
 
 # upstream's 7 fixed keypoints: the centre and +-0.45 of the scale along each principal axis
 FIXED_KEYPOINTS = ((0.0, 0.0, 0.0), (0.45, 0.0, 0.0), (-0.45, 0.0, 0.0), (0.0, 0.45, 0.0), (0.0, -0.45, 0.0),
@@ -85,7 +85,8 @@ class DeformableAggregation(nn.Module):
         use_checkpoint: recompute the feature sampling in backward instead of keeping the sampled
             (B*N, C, Q, P) tensors of every level (large at 144k Gaussians).
         impl: how the sampling runs (``drivebench.models.ops.deformable_aggregation``: grid_sample |
-            chunked | compiled | auto: compiled where the run compiles, resolved after the build).
+            chunked | compiled | auto: corner gathers traced into the graph where a compile unit holds the
+            aggregation, ``grid_sample`` where it runs eagerly).
     """
 
     def __init__(
@@ -100,8 +101,9 @@ class DeformableAggregation(nn.Module):
         impl: str = "grid_sample",
     ) -> None:
         super().__init__()
-        self.requested_impl = check_aggregation_choice(impl)
-        self.impl = "grid_sample" if impl == "auto" else impl  # auto: resolved by use_compiled_where_auto
+        if impl not in AGGREGATION_IMPLS:
+            raise ValueError(f"aggregation={impl!r} is not valid; choose one of: {', '.join(AGGREGATION_IMPLS)}")
+        self.impl = impl
         if embed_dims % num_groups:
             raise ValueError(f"embed_dims={embed_dims} is not divisible by num_groups={num_groups}")
         self.num_groups, self.num_levels, self.num_cams = num_groups, num_levels, num_cams

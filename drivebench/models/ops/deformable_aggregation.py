@@ -5,7 +5,7 @@ Replaces the ``DeformableAggregationFunction`` CUDA op: every query has P keypoi
 every camera; features are bilinearly sampled at each (camera, level, keypoint) and summed with
 weights that are normalised jointly over (keypoint, camera, level), per channel group.
 
-Three implementations of the same sum (``impl``):
+Three implementations of the same sum (``impl``), and a choice between two of them:
 
 * ``grid_sample`` (default): one ``F.grid_sample`` per level, then a weighted reduction. It
   materialises every sampled feature, (B, N_cam, C, Q, P) per level, and autograd keeps it for
@@ -20,9 +20,11 @@ Three implementations of the same sum (``impl``):
   as upstream's fused op. Eager, this form would build 4x the samples: it is only run compiled.
   Inside a region that is itself being compiled (a model's compile unit), it is traced into that
   region's graph instead of calling its own compiled function (which Dynamo cannot trace: a graph break).
-
-A model's ``aggregation`` knob may also be ``auto``: ``compiled`` where ``accel.compile`` compiles the
-model (``max`` on GPUs), ``grid_sample`` elsewhere (``use_compiled_where_auto``).
+* ``auto``: decided where the op runs. Inside a compiled region the corner gathers are traced into the
+  region's graph (``compiled``'s kernels, with no function of their own); run eagerly, ``grid_sample``.
+  GaussianFormer's ``max`` compiles each block's aggregation (``compile_scope=encoder``), so there it
+  runs fused; ``none``, the CPU, and a unit that ``accel=auto``'s compile judge sends back to eager run
+  ``grid_sample``, with no separate compile.
 """
 
 from __future__ import annotations
@@ -33,8 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-AGGREGATION_IMPLS = ("grid_sample", "chunked", "compiled")
-AGGREGATION_CHOICES = (*AGGREGATION_IMPLS, "auto")  # what a model's ``aggregation`` knob takes
+AGGREGATION_IMPLS = ("grid_sample", "chunked", "compiled", "auto")
 DEFAULT_CHUNK_ELEMENTS = 1 << 26  # sampled feature values per chunk (256 MiB in float32)
 
 
@@ -167,7 +168,7 @@ def deformable_aggregation(
         features: per level, (B, N_cam, C, H_l, W_l).
         points: (B, Q, P, N_cam, 2), (x, y) normalised to [0, 1] of the image (same for all levels).
         weights: (B, Q, P, N_cam, L, G), normalised (see ``masked_point_softmax``); C % G == 0.
-        impl: ``grid_sample`` | ``chunked`` | ``compiled`` (module docstring).
+        impl: ``grid_sample`` | ``chunked`` | ``compiled`` | ``auto`` (module docstring).
         chunk_elements: ``chunked`` only: sampled values per chunk of queries.
 
     Returns:
@@ -180,29 +181,9 @@ def deformable_aggregation(
         return _chunked(features, points, weights, chunk_elements)
     if impl == "compiled":
         return _compiled(features, points, weights)
+    if impl == "auto":
+        if torch.compiler.is_compiling():
+            return corner_gather_aggregation(features, points, weights)
+        return _sample_and_mix(features, points, weights)
     raise ValueError(f"deformable aggregation impl={impl!r}; valid choices: {', '.join(AGGREGATION_IMPLS)}")
 
-
-def check_aggregation_choice(impl: str) -> str:
-    """A model's ``aggregation`` knob, refused with the valid choices when unknown."""
-    if impl not in AGGREGATION_CHOICES:
-        raise ValueError(f"aggregation={impl!r} is not valid; choose one of: {', '.join(AGGREGATION_CHOICES)}")
-    return impl
-
-
-def use_compiled_where_auto(net: torch.nn.Module, compiling: bool) -> dict[str, Any]:
-    """Resolve the ``aggregation=auto`` modules of ``net`` (those with ``requested_impl == "auto"``).
-
-    ``compiled`` where the run compiles (``accel.compile``): the same sum without materialising the
-    samples, measured 16% faster a GaussianFormer step at ``max`` on an H100 (b57); ``grid_sample``
-    elsewhere, so an eager run (``none``, the CPU) stays eager. Returns the summary record
-    (``settings.aggregation``), empty when no module asked for ``auto``.
-    """
-    modules = [m for m in net.modules() if getattr(m, "requested_impl", None) == "auto"]
-    if not modules:
-        return {}
-    impl = "compiled" if compiling else "grid_sample"
-    for module in modules:
-        module.impl = impl
-    why = "accel.compile is on" if compiling else "accel.compile is off (an eager run stays eager)"
-    return {"knob": "auto", "impl": impl, "why": why, "modules": len(modules)}

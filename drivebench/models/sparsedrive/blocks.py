@@ -18,7 +18,7 @@ from torch import nn
 
 from drivebench.models.common.sparse4d import linear_relu_ln
 from drivebench.models.ops import deformable_aggregation, masked_point_softmax
-from drivebench.models.ops.deformable_aggregation import check_aggregation_choice
+from drivebench.models.ops.deformable_aggregation import AGGREGATION_IMPLS
 from drivebench.models.sparsedrive.boxes import COS_YAW, H, L, SIN_YAW, W, X, Z
 
 
@@ -155,8 +155,8 @@ class DeformableFeatureAggregation(nn.Module):
     group) weights come from the instance feature + anchor embedding + a camera embedding and are
     softmaxed jointly over (keypoint, camera, level), as upstream. The output is concatenated with
     the input feature (``residual_mode="cat"``) and goes to a 2x-wide FFN. ``impl`` picks how the
-    sampling runs (``drivebench.models.ops.deformable_aggregation``: grid_sample | chunked | compiled | auto,
-    compiled where the run compiles, resolved after the build).
+    sampling runs (``drivebench.models.ops.deformable_aggregation``: grid_sample | chunked | compiled | auto; SparseDrive's
+    heads run eagerly, so auto runs grid_sample).
     """
 
     def __init__(self, dims: int, keypoints: nn.Module, num_groups: int = 8, num_levels: int = 4,
@@ -165,9 +165,10 @@ class DeformableFeatureAggregation(nn.Module):
         if dims % num_groups:
             raise ValueError(f"embed dims {dims} not divisible by num_groups {num_groups}")
         self.dims, self.num_groups, self.num_levels, self.num_cams = dims, num_groups, num_levels, num_cams
-        self.requested_impl = check_aggregation_choice(impl)
+        if impl not in AGGREGATION_IMPLS:
+            raise ValueError(f"aggregation={impl!r} is not valid; choose one of: {', '.join(AGGREGATION_IMPLS)}")
         self.attn_drop = attn_drop
-        self.impl = "grid_sample" if impl == "auto" else impl  # auto: resolved by use_compiled_where_auto
+        self.impl = impl
         self.kps = keypoints
         self.num_pts = keypoints.num_pts
         self.camera_encoder = linear_relu_ln(dims, 1, 2, 12)
