@@ -175,15 +175,13 @@ def deformable_aggregation(
         (B, Q, C).
     """
     _check(features, points, weights)
+    if impl == "auto":  # compiled's trace inside a compiled region (``_compiled``), grid_sample eagerly
+        impl = "compiled" if torch.compiler.is_compiling() else "grid_sample"
     if impl == "grid_sample":
         return _sample_and_mix(features, points, weights)
     if impl == "chunked":
         return _chunked(features, points, weights, chunk_elements)
     if impl == "compiled":
         return _compiled(features, points, weights)
-    if impl == "auto":
-        if torch.compiler.is_compiling():
-            return corner_gather_aggregation(features, points, weights)
-        return _sample_and_mix(features, points, weights)
     raise ValueError(f"deformable aggregation impl={impl!r}; valid choices: {', '.join(AGGREGATION_IMPLS)}")
 
