@@ -114,16 +114,24 @@ def test_compiled_inside_a_compiled_region_traces_into_its_graph():
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
+def op_recorder(ops: set[str]):
+    """A torch.compile backend that runs Dynamo's graphs as captured and adds the ops they call to ``ops``
+    (a checkpointed region's too: it is a subgraph of its own)."""
+
+    def record(gm: torch.fx.GraphModule, _inputs):
+        for sub in gm.modules():
+            if isinstance(sub, torch.fx.GraphModule):
+                ops.update(str(n.target) for n in sub.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    return record
+
+
 def _graph_ops(fn, *args) -> tuple[torch.Tensor, set[str]]:
     """``fn`` compiled as one graph (``fullgraph``: a break raises); its output and the ops in its graph."""
     ops: set[str] = set()
-
-    def record(gm: torch.fx.GraphModule, _inputs):
-        ops.update(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return gm.forward
-
     torch._dynamo.reset()
-    return torch.compile(fn, backend=record, fullgraph=True)(*args), ops
+    return torch.compile(fn, backend=op_recorder(ops), fullgraph=True)(*args), ops
 
 
 def test_auto_runs_grid_sample_eagerly_and_corner_gathers_inside_a_compiled_region():

@@ -310,6 +310,7 @@ def test_max_encoder_with_the_auto_aggregation_trains_like_eager_grid_sample(agg
     from torch._dynamo.utils import counters
 
     from drivebench.models.gaussianformer.losses import OccupancyLoss
+    from test_deformable_aggregation import op_recorder
 
     def build() -> torch.nn.Module:
         torch.manual_seed(0)
@@ -334,18 +335,11 @@ def test_max_encoder_with_the_auto_aggregation_trains_like_eager_grid_sample(agg
     compiled = build()
     compiled.load_state_dict(eager.state_dict())
     graph_ops: set[str] = set()
-
-    def record(gm: torch.fx.GraphModule, _inputs):  # Dynamo's graphs, run as captured, with their ops noted
-        for sub in gm.modules():  # a checkpointed region is a subgraph of its own
-            if isinstance(sub, torch.fx.GraphModule):
-                graph_ops.update(str(n.target) for n in sub.graph.nodes if n.op == "call_function")
-        return gm.forward
-
     torch._dynamo.reset()
     counters.clear()
     for name, module in compiled.compile_units().items():
         if name != "image_encoder":  # as above: quick, and the backbone's compile is covered elsewhere
-            module.compile(backend=record)
+            module.compile(backend=op_recorder(graph_ops))
     loss, grads = loss_and_grads(compiled)
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert not any("grid_sample" in op for op in graph_ops) and any("floor" in op for op in graph_ops), graph_ops
