@@ -17,7 +17,7 @@ import pytest
 from drivebench.report import analysed, load_runs, parse_target
 from drivebench.report.analysis import knob_changes, time_to_target
 from drivebench.report.cli import main, parse_args
-from drivebench.report.labels import accel_overrides, machine_label, setting_label
+from drivebench.report.labels import setting_overrides, machine_label, setting_label
 
 H200 = {"hostname": "node-7", "cpu_model": "Xeon", "cpu_cores": 16, "accelerator": "cuda",
         "gpus": [{"index": 0, "name": "NVIDIA H200", "memory_gb": 139.8, "capability": "9.0"}]}
@@ -88,13 +88,19 @@ def test_local_machines_stay_apart_by_hostname():
 
 
 def test_setting_names_the_knobs_a_run_overrode(tmp_path):
-    assert accel_overrides(["accel=none", "accel.num_workers=4", "++accel.pin_memory=true", "model=qcnet",
+    assert setting_overrides(["accel=none", "accel.num_workers=4", "++accel.pin_memory=true", "model=qcnet",
                             "accel.x.y=1"]) == {"num_workers": "4", "pin_memory": "true"}
+    # a model's own speed knobs too (model.net.*), named apart from accel's; deeper or other model keys are not knobs
+    assert setting_overrides(["model.net.aggregation=compiled", "+model.net.compile_scope=encoder",
+                              "model.net.a.b=1", "model.optimizer.lr=1e-3"]) == {
+        "net.aggregation": "compiled", "net.compile_scope": "encoder"}
+    assert setting_label("max", {"net.aggregation": "compiled"}) == "max net.aggregation=compiled"
     assert setting_label("none", {"num_workers": "4"}) == "none num_workers=4"
     write_run(tmp_path / "r1", machine=CPU, accel="none", overrides=["accel=none", "accel.num_workers=4"])
     write_run(tmp_path / "r2", machine=CPU, accel="none", overrides=["accel=none"])
+    write_run(tmp_path / "r3", machine=CPU, accel="none", overrides=["accel=none", "model.net.aggregation=compiled"])
     _, runs = analysed([tmp_path], [])
-    assert sorted(runs["setting"]) == ["none", "none num_workers=4"]
+    assert sorted(runs["setting"]) == ["none", "none net.aggregation=compiled", "none num_workers=4"]
     # the override is a different setting, not a baseline repeat
     assert runs.set_index("setting").loc["none num_workers=4", "speedup"] == pytest.approx(1.0)
 

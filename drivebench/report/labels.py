@@ -1,4 +1,4 @@
-"""Human labels that group runs: the machine a run ran on and the accel setting it used.
+"""Human labels that group runs: the machine a run ran on and the accel setting (and model speed knobs) it used.
 
 Both come from what the run recorded (``summary.json``, ``.hydra/overrides.yaml``), never from the
 folder it sits in.
@@ -35,14 +35,21 @@ def machine_label(machine: dict[str, Any], profile: str | None, gpu_shared: bool
     return f"{hardware_label(machine)} @ {where}" + (", GPU shared" if gpu_shared else "")
 
 
-def accel_overrides(overrides: Iterable[str]) -> dict[str, str]:
-    """``accel.<knob>=<value>`` command-line overrides (``+``/``++`` forms too), knob -> value."""
+def setting_overrides(overrides: Iterable[str]) -> dict[str, str]:
+    """The speed knobs a run's command line changed, knob -> value: ``accel.<knob>=<value>`` as ``<knob>`` and
+    ``model.net.<knob>=<value>`` as ``net.<knob>`` (``+``/``++`` forms too).
+
+    A model's own speed choices (GaussianFormer's ``model.net.aggregation``, ``compile_scope``) are part of the
+    setting: two ``max`` runs differing only there are different settings, not repeats of one.
+    """
     out: dict[str, str] = {}
     for item in overrides:
         key, sep, value = item.partition("=")
         key = key.lstrip("+~")
         if sep and key.startswith("accel.") and key.count(".") == 1:
             out[key.split(".", 1)[1]] = value
+        elif sep and key.startswith("model.net.") and key.count(".") == 2:
+            out["net." + key.rsplit(".", 1)[1]] = value
     return out
 
 

@@ -24,7 +24,7 @@ from drivebench.perf.compile_cache import compile_cache_state
 from drivebench.perf.summary import FAILED, RUNNING
 from drivebench.report.discovery import RunDir, find_run_dirs
 from drivebench.report.events import read_scalars
-from drivebench.report.labels import (accel_overrides, command_overrides, hardware_label, machine_label,
+from drivebench.report.labels import (setting_overrides, command_overrides, hardware_label, machine_label,
                                       setting_label)
 
 KNOWN_SCHEMA_VERSIONS = (1,)
@@ -132,7 +132,7 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
     overrides = _hydra_overrides(run)
     if overrides is None:  # no .hydra folder copied: the recorded command line (sweep lists skipped)
         overrides = [o for o in command_overrides(r.get("command")) if "," not in o]
-    knobs = accel_overrides(overrides)
+    knobs = setting_overrides(overrides)
     accel_name = r.get("accel") or accel.get("name")
 
     if train.get("steps_measured"):
