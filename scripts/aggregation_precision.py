@@ -1,0 +1,69 @@
+"""How far each deformable-aggregation implementation lands from float64 when the features are bf16 (as under
+`accel=max`'s autocast) and the keypoints float32. `grid_sample` takes one dtype for features and grid; until
+2026-12-07 `_sample_and_mix` cast the grid to the features' bf16 (a keypoint moved by up to 1/512 of the map, 0.17 px
+at 176 columns: this script printed rms 33% of the output on white noise, 4.4% on smooth maps, against 0.33% and
+0.24% for `compiled`'s corner gathers), and since it samples in float32 and casts the samples back (0.43%, 0.37%).
+Prints one line per (features, implementation): max and rms error against float64, relative to the output's rms,
+and the floor that the features' own bf16 rounding sets.
+
+    python scripts/aggregation_precision.py [--device cpu|cuda] [--queries 900]
+
+Shapes: SparseDrive small (6 cameras, 256 channels, 8 groups, 4 levels of a 256x704 input, 13 keypoints). Two
+feature kinds: white noise (neighbouring pixels independent: the worst case for a moved keypoint) and smooth
+(noise upsampled 8x: nearer a trained FPN's maps).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from drivebench.models.ops.deformable_aggregation import corner_gather_aggregation, deformable_aggregation
+
+LEVELS = [(64, 176), (32, 88), (16, 44), (8, 22)]  # stride 4..32 of 256x704
+CAMS, CHANNELS, GROUPS, KEYPOINTS = 6, 256, 8, 13
+
+
+def features(kind: str, device: str, gen: torch.Generator) -> list[torch.Tensor]:
+    out = []
+    for h, w in LEVELS:
+        if kind == "noise":
+            f = torch.randn(1, CAMS, CHANNELS, h, w, generator=gen)
+        else:
+            low = torch.randn(CAMS, CHANNELS, max(h // 8, 2), max(w // 8, 2), generator=gen)
+            f = F.interpolate(low, size=(h, w), mode="bicubic", align_corners=False).unsqueeze(0)
+        out.append(f.to(device))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--queries", type=int, default=900)
+    args = parser.parse_args()
+    gen = torch.Generator().manual_seed(0)
+    q = args.queries
+    points = (torch.rand(1, q, KEYPOINTS, CAMS, 2, generator=gen) * 1.2 - 0.1).to(args.device)
+    logits = torch.randn(1, q, KEYPOINTS * CAMS * len(LEVELS), GROUPS, generator=gen)
+    weights = torch.softmax(logits, dim=2).view(1, q, KEYPOINTS, CAMS, len(LEVELS), GROUPS).to(args.device)
+    for kind in ("noise", "smooth"):
+        feats = features(kind, args.device, gen)
+        ref = corner_gather_aggregation([f.double() for f in feats], points.double(), weights.double())
+        scale = ref.pow(2).mean().sqrt().item()
+        low = [f.bfloat16() for f in feats]
+        for impl in ("grid_sample", "compiled"):
+            fn = corner_gather_aggregation if impl == "compiled" else (
+                lambda f, p, w: deformable_aggregation(f, p, w, impl="grid_sample"))
+            err = (fn(low, points, weights).double() - ref)
+            print(f"{kind:6s} bf16 features  {impl:11s}  max {err.abs().max().item() / scale:.2e}  "
+                  f"rms {err.pow(2).mean().sqrt().item() / scale:.2e}  (of the output's rms {scale:.3g})")
+        # the floor: bf16 rounding of the features alone, sampled at float32 keypoints in float64
+        err = corner_gather_aggregation([f.bfloat16().double() for f in feats], points.double(), weights.double()) - ref
+        print(f"{kind:6s} bf16 features  {'floor':11s}  max {err.abs().max().item() / scale:.2e}  "
+              f"rms {err.pow(2).mean().sqrt().item() / scale:.2e}  (features rounded, all else float64)")
+
+
+if __name__ == "__main__":
+    main()
