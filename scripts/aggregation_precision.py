@@ -1,10 +1,11 @@
 """How far each deformable-aggregation implementation lands from float64 when the features are bf16 (as under
 `accel=max`'s autocast) and the keypoints float32. `grid_sample` takes one dtype for features and grid; until
-2026-12-07 `_sample_and_mix` cast the grid to the features' bf16 (a keypoint moved by up to 1/512 of the map, 0.17 px
-at 176 columns: this script printed rms 33% of the output on white noise, 4.4% on smooth maps, against 0.33% and
-0.24% for `compiled`'s corner gathers), and since it samples in float32 and casts the samples back (0.43%, 0.37%).
-Prints one line per (features, implementation): max and rms error against float64, relative to the output's rms,
-and the floor that the features' own bf16 rounding sets.
+2026-12-07 `_sample_and_mix` cast the grid to the features' bf16, moving a keypoint by up to 1/512 of the map
+(0.17 px at 176 columns): the `bf16 grid` line, that rounding alone (rms 1.5% of the output on smooth maps, 7.7% on
+white noise; on the CPU, whose bf16 kernel also interpolates in bf16, this script's `grid_sample` line printed 4.4%
+and 33%). Since, it samples bf16 features in float32 and casts the samples back (0.37%, 0.43%; `compiled`'s corner
+gathers 0.24%, 0.33%). Prints one line per (features, implementation): max and rms error against float64, relative
+to the output's rms, and the floor that the features' own bf16 rounding sets (0.10%, 0.17%).
 
     python scripts/aggregation_precision.py [--device cpu|cuda] [--queries 900]
 
@@ -59,8 +60,15 @@ def main() -> None:
             err = (fn(low, points, weights).double() - ref)
             print(f"{kind:6s} bf16 features  {impl:11s}  max {err.abs().max().item() / scale:.2e}  "
                   f"rms {err.pow(2).mean().sqrt().item() / scale:.2e}  (of the output's rms {scale:.3g})")
+        rounded = [f.bfloat16().double() for f in feats]
+        # grid_sample before 2026-12-07: keypoints rounded to a bf16 grid, the sampling itself exact (a GPU kernel
+        # computes in float32; the CPU's bf16 kernel adds its own rounding on top)
+        grid = (2.0 * points - 1.0).bfloat16().double()
+        err = corner_gather_aggregation(rounded, (grid + 1.0) / 2.0, weights.double()) - ref
+        print(f"{kind:6s} bf16 features  {'bf16 grid':11s}  max {err.abs().max().item() / scale:.2e}  "
+              f"rms {err.pow(2).mean().sqrt().item() / scale:.2e}  (the old grid_sample's keypoint rounding alone)")
         # the floor: bf16 rounding of the features alone, sampled at float32 keypoints in float64
-        err = corner_gather_aggregation([f.bfloat16().double() for f in feats], points.double(), weights.double()) - ref
+        err = corner_gather_aggregation(rounded, points.double(), weights.double()) - ref
         print(f"{kind:6s} bf16 features  {'floor':11s}  max {err.abs().max().item() / scale:.2e}  "
               f"rms {err.pow(2).mean().sqrt().item() / scale:.2e}  (features rounded, all else float64)")
 

@@ -93,7 +93,7 @@ def test_compiled_matches_grid_sample():
 
 def test_grid_sample_keeps_float32_keypoints_with_bf16_features():
     """Under autocast the features are bf16 and the keypoints float32 (projected outside autocast): the sampling
-    positions must not be rounded to bf16 (up to 1/512 of the map, 4% rms of the output; upstream's op takes
+    positions must not be rounded to bf16 (up to 1/512 of the map, 1.5% rms of the output; upstream's op takes
     float32 locations). Its error against float64 stays at the corner gathers' (which keep float32 positions)."""
     features, points, weights = _inputs(b=1, q=60, p=4, n=2, c=16, sizes=((32, 88), (16, 44)), dtype=torch.float32)
     features = [f.detach() for f in features]

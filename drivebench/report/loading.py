@@ -24,8 +24,8 @@ from drivebench.perf.compile_cache import compile_cache_state
 from drivebench.perf.summary import FAILED, RUNNING
 from drivebench.report.discovery import RunDir, find_run_dirs
 from drivebench.report.events import read_scalars
-from drivebench.report.labels import (setting_overrides, command_overrides, hardware_label, machine_label,
-                                      setting_label)
+from drivebench.report.labels import (command_overrides, hardware_label, machine_label, setting_label,
+                                      setting_overrides)
 
 KNOWN_SCHEMA_VERSIONS = (1,)
 COMPLETED = "completed"

@@ -34,8 +34,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from drivebench.models.ops.bilinear import sample_bilinear
 
 AGGREGATION_IMPLS = ("grid_sample", "chunked", "compiled", "auto")
 DEFAULT_CHUNK_ELEMENTS = 1 << 26  # sampled feature values per chunk (256 MiB in float32)
@@ -76,20 +77,12 @@ def _sample_and_mix(features: list[torch.Tensor], points: torch.Tensor, weights:
     b, q, p, n, _ = points.shape
     groups = weights.shape[-1]
     c = features[0].shape[2]
-    # grid for grid_sample: (B*N, Q, P, 2) in [-1, 1], float32 (or float64) whatever the features' dtype
-    points = points.to(torch.promote_types(points.dtype, torch.float32))
+    # grid for grid_sample: (B*N, Q, P, 2) in [-1, 1], at the keypoints' precision (sample_bilinear keeps it)
     grid = (2.0 * points - 1.0).permute(0, 3, 1, 2, 4).reshape(b * n, q, p, 2)
     out = None
     for lvl, feat in enumerate(features):
         fb, fn, fc, fh, fw = feat.shape
-        # grid_sample takes one dtype for features and grid: bf16 features are sampled in float32 and the samples
-        # cast back, because a bf16 grid moves each keypoint by up to 1/512 of the map (0.17 px at 176 columns),
-        # 4% rms of the output on smooth maps, 40x the features' own rounding (scripts/aggregation_precision.py)
-        source = feat.reshape(fb * fn, fc, fh, fw)
-        sampled = F.grid_sample(
-            source.to(torch.promote_types(source.dtype, grid.dtype)), grid, mode="bilinear", padding_mode="zeros",
-            align_corners=False,
-        ).to(feat.dtype)  # (B*N, C, Q, P)
+        sampled = sample_bilinear(feat.reshape(fb * fn, fc, fh, fw), grid)  # (B*N, C, Q, P)
         sampled = sampled.view(b, n, groups, c // groups, q, p)
         w = weights[..., lvl, :].to(sampled.dtype)  # (B, Q, P, N, G)
         contrib = torch.einsum("bngcqp,bqpng->bqgc", sampled, w)

@@ -9,7 +9,8 @@ padding outside the map.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from drivebench.models.ops.bilinear import sample_bilinear
 
 
 def multi_scale_deformable_attn(
@@ -36,14 +37,14 @@ def multi_scale_deformable_attn(
     if sum(hl * wl for hl, wl in spatial_shapes) != s:
         raise ValueError(f"spatial_shapes cover {sum(hl * wl for hl, wl in spatial_shapes)} positions, value has {s}")
     value_list = value.split([hl * wl for hl, wl in spatial_shapes], dim=1)
-    grids = 2.0 * sampling_locations - 1.0
+    grids = 2.0 * sampling_locations - 1.0  # at the locations' precision: upstream runs the op in float32
     sampled = []
     for lvl, (hl, wl) in enumerate(spatial_shapes):
         # (B, HlWl, H, Dh) -> (B*H, Dh, Hl, Wl)
         v = value_list[lvl].flatten(2).transpose(1, 2).reshape(b * h, dh, hl, wl)
         # (B, Q, H, P, 2) -> (B*H, Q, P, 2)
         g = grids[:, :, :, lvl].transpose(1, 2).flatten(0, 1)
-        sampled.append(F.grid_sample(v, g.to(v.dtype), mode="bilinear", padding_mode="zeros", align_corners=False))
+        sampled.append(sample_bilinear(v, g))
     # (B*H, Dh, Q, L, P)
     stacked = torch.stack(sampled, dim=-2)
     w = attention_weights.transpose(1, 2).reshape(b * h, 1, q, n_levels, n_points).to(stacked.dtype)
