@@ -3,7 +3,8 @@
 Replaces mmcv's ``MultiScaleDeformableAttnFunction`` CUDA op with one ``F.grid_sample`` per level,
 the same arithmetic as mmcv's own pure-PyTorch fallback, written here from the equations:
 ``out[q, h] = sum_{l, p} a[q, h, l, p] * V_l,h(loc[q, h, l, p])`` with bilinear sampling and zero
-padding outside the map.
+padding outside the map. Under autocast the locations stay float32 (``sample_bilinear``), as upstream's
+BEVFormer/MapTR run the CUDA op wholly in float32.
 """
 
 from __future__ import annotations
