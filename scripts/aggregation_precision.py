@@ -39,6 +39,14 @@ def features(kind: str, device: str, gen: torch.Generator) -> list[torch.Tensor]
     return out
 
 
+def error_line(kind: str, name: str, out: torch.Tensor, ref: torch.Tensor, note: str) -> str:
+    """Max and rms error of ``out`` against ``ref``, relative to ``ref``'s rms."""
+    scale = ref.pow(2).mean().sqrt().item()
+    err = out.double() - ref
+    return (f"{kind:6s} bf16 features  {name:11s}  max {err.abs().max().item() / scale:.2e}  "
+            f"rms {err.pow(2).mean().sqrt().item() / scale:.2e}  ({note})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -49,28 +57,25 @@ def main() -> None:
     points = (torch.rand(1, q, KEYPOINTS, CAMS, 2, generator=gen) * 1.2 - 0.1).to(args.device)
     logits = torch.randn(1, q, KEYPOINTS * CAMS * len(LEVELS), GROUPS, generator=gen)
     weights = torch.softmax(logits, dim=2).view(1, q, KEYPOINTS, CAMS, len(LEVELS), GROUPS).to(args.device)
+    weights64 = weights.double()
     for kind in ("noise", "smooth"):
         feats = features(kind, args.device, gen)
-        ref = corner_gather_aggregation([f.double() for f in feats], points.double(), weights.double())
-        scale = ref.pow(2).mean().sqrt().item()
+        ref = corner_gather_aggregation([f.double() for f in feats], points.double(), weights64)
         low = [f.bfloat16() for f in feats]
-        for impl in ("grid_sample", "compiled"):
-            fn = corner_gather_aggregation if impl == "compiled" else (
-                lambda f, p, w: deformable_aggregation(f, p, w, impl="grid_sample"))
-            err = (fn(low, points, weights).double() - ref)
-            print(f"{kind:6s} bf16 features  {impl:11s}  max {err.abs().max().item() / scale:.2e}  "
-                  f"rms {err.pow(2).mean().sqrt().item() / scale:.2e}  (of the output's rms {scale:.3g})")
-        rounded = [f.bfloat16().double() for f in feats]
+        rounded = [f.double() for f in low]
         # grid_sample before 2026-12-07: keypoints rounded to a bf16 grid, the sampling itself exact (a GPU kernel
         # computes in float32; the CPU's bf16 kernel adds its own rounding on top)
-        grid = (2.0 * points - 1.0).bfloat16().double()
-        err = corner_gather_aggregation(rounded, (grid + 1.0) / 2.0, weights.double()) - ref
-        print(f"{kind:6s} bf16 features  {'bf16 grid':11s}  max {err.abs().max().item() / scale:.2e}  "
-              f"rms {err.pow(2).mean().sqrt().item() / scale:.2e}  (the old grid_sample's keypoint rounding alone)")
-        # the floor: bf16 rounding of the features alone, sampled at float32 keypoints in float64
-        err = corner_gather_aggregation(rounded, points.double(), weights.double()) - ref
-        print(f"{kind:6s} bf16 features  {'floor':11s}  max {err.abs().max().item() / scale:.2e}  "
-              f"rms {err.pow(2).mean().sqrt().item() / scale:.2e}  (features rounded, all else float64)")
+        bf16_grid = ((2.0 * points - 1.0).bfloat16().double() + 1.0) / 2.0
+        rows = [
+            ("grid_sample", deformable_aggregation(low, points, weights, impl="grid_sample"), "as the op runs now"),
+            ("compiled", corner_gather_aggregation(low, points, weights), "the corner gathers, eager"),
+            ("bf16 grid", corner_gather_aggregation(rounded, bf16_grid, weights64),
+             "the old grid_sample's keypoint rounding alone"),
+            ("floor", corner_gather_aggregation(rounded, points.double(), weights64),
+             "features rounded, all else float64"),
+        ]
+        for name, out, note in rows:
+            print(error_line(kind, name, out, ref, note))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import torch
 from drivebench.models.ops import deformable_aggregation, masked_point_softmax
 from drivebench.models.ops.deformable_aggregation import corner_gather_aggregation
 
+OP_MODULE = importlib.import_module("drivebench.models.ops.deformable_aggregation")  # the function shadows the name
+
 
 @pytest.fixture(scope="module", autouse=True)
 def single_thread():
@@ -120,15 +122,13 @@ def test_compiled_inside_a_compiled_region_traces_into_its_graph():
     """A compile unit around the op (GaussianFormer's ``compile_scope=encoder``) traces the op into its own graph
     and never compiles it apart (torch 2.11 broke the graph there, once per block, on the H100 in b57):
     ``fullgraph=True`` raises on any break, and the op's own compiled function is not even created."""
-    module = importlib.import_module("drivebench.models.ops.deformable_aggregation")  # the function shadows the name
-
     features, points, weights = _inputs(dtype=torch.float32)
     region = torch.compile(lambda f, p, w: deformable_aggregation(f, p, w, impl="compiled") * 2.0,
                            backend="aot_eager", fullgraph=True)
     torch._dynamo.reset()
-    module._COMPILED.clear()
+    OP_MODULE._COMPILED.clear()
     out = region(features, points, weights)
-    assert module._COMPILED == {}
+    assert OP_MODULE._COMPILED == {}
     ref = deformable_aggregation(features, points, weights, impl="grid_sample") * 2.0
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
@@ -156,13 +156,12 @@ def _graph_ops(fn, *args) -> tuple[torch.Tensor, set[str]]:
 def test_auto_runs_grid_sample_eagerly_and_corner_gathers_inside_a_compiled_region():
     """``auto`` (GaussianFormer's default): the eager op is ``grid_sample``'s, value for value; traced inside a
     compile unit it is the corner gathers, with no ``grid_sample`` left in the graph and no function of its own."""
-    module = importlib.import_module("drivebench.models.ops.deformable_aggregation")
     features, points, weights = _inputs(dtype=torch.float32)
     ref = deformable_aggregation(features, points, weights, impl="grid_sample")
     assert torch.equal(deformable_aggregation(features, points, weights, impl="auto"), ref)
-    module._COMPILED.clear()
+    OP_MODULE._COMPILED.clear()
     out, ops = _graph_ops(lambda f, p, w: deformable_aggregation(f, p, w, impl="auto"), features, points, weights)
-    assert module._COMPILED == {}
+    assert OP_MODULE._COMPILED == {}
     assert not any("grid_sample" in op for op in ops), ops
     assert any("floor" in op for op in ops), ops  # the corners of each keypoint, then gathers (getitem)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)

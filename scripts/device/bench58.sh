@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU benchmark, part 58 (written 2026-12-07, twenty-eighth session; not run yet), issue 20: GaussianFormer's time to
+# GPU benchmark, part 58 (written 2026-12-07, twenty-eighth session; w and s run on one H100 in the twenty-ninth,
+# experiments/results/h100-2026-12-07-b58/; n not run yet), issue 20: GaussianFormer's time to
 # quality on its new defaults. b57 timed `max` with the deformable aggregation compiled and the whole encoder compiled
 # (both defaults since: `model.net.aggregation=auto`, `compile_scope=encoder`) at 2.95x sooner than `none` to 9.5 on
 # an H100, with four graph breaks (one per block's aggregation) and a warm start of 27-31 s; the breaks are fixed on

@@ -184,4 +184,3 @@ def deformable_aggregation(
     if impl == "compiled":
         return _compiled(features, points, weights)
     raise ValueError(f"deformable aggregation impl={impl!r}; valid choices: {', '.join(AGGREGATION_IMPLS)}")
-
