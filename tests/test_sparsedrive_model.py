@@ -165,7 +165,7 @@ def _keep_boxes(batch: dict, n: int) -> dict:
     return {**batch, **{key: [x[:n] for x in batch[key]] for key in GT_KEYS}}
 
 
-def test_heads_compiled_train_like_eager_without_breaks_or_a_graph_per_query_count(monkeypatch) -> None:
+def test_heads_compiled_train_like_eager_without_breaks_or_a_graph_per_query_count() -> None:
     """``compile_scope=heads`` with ``aggregation=auto`` and denoising on, its head units compiled as
     ``accel.compile`` compiles them (``dynamic`` null, the multi-unit recompile limit; aot_eager: Dynamo's
     capture and AOTAutograd without Inductor's codegen): over four training steps whose denoising query counts
@@ -211,7 +211,6 @@ def test_heads_compiled_train_like_eager_without_breaks_or_a_graph_per_query_cou
     ref_losses, ref_grads = train(eager)
     compiled = build()
     compiled.load_state_dict(eager.state_dict())
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", MULTI_UNIT_RECOMPILE_LIMIT)  # as apply_compile
     torch._dynamo.reset()
     counters.clear()
     graphs_after.clear()
@@ -219,7 +218,8 @@ def test_heads_compiled_train_like_eager_without_breaks_or_a_graph_per_query_cou
     for name, module in units.items():
         if name != "encoder":  # the backbone's compile is covered elsewhere; keep this quick
             module.compile(backend=record_then_aot_eager, dynamic=None)
-    losses, grads = train(compiled)
+    with torch._dynamo.config.patch(recompile_limit=MULTI_UNIT_RECOMPILE_LIMIT):  # as apply_compile sets it
+        losses, grads = train(compiled)
 
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     dn_counts = [2 * 2 * max(len(x) for x in batch["gt_boxes_3d"]) for batch in frames]
