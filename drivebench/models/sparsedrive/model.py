@@ -280,11 +280,15 @@ class SparseDrive(nn.Module):
         counts reuse that graph, so a unit compiles a bounded number of graphs, not one per step. The same
         happens once for the anchor encoder (called on the queries, the temporal instances, the ego and the
         motion queue) and the motion head's temporal attention (its queue fills over the first
-        ``queue_length`` steps); eval mode adds one graph per unit at validation. ``accel.compile_shape_profile``
-        (GPUs) keeps these decisions for the next run of the setup, which then compiles the varying
-        dimensions dynamic from its first step; ``compile_dynamic=true`` does so from the start, ``false``
-        would compile a graph per distinct query count instead (avoid it with denoising on). Not measured
-        on a GPU yet: the default stays ``encoder``.
+        ``queue_length`` steps); eval mode adds one graph per unit at validation. Units of one class share
+        their graphs across layers and heads (34 in all at the ``test`` size on torch 2.14, as many with 6
+        layers), but the attention's structural variants (self or cross, a first step without history) number
+        about nine, over Dynamo's default limit of 8 per code object: ``apply_compile`` raises it to 64 for
+        models with several units. ``accel.compile_shape_profile`` (GPUs) keeps the shape decisions for the
+        next run of the setup, which then compiles the varying dimensions dynamic from its first step (not for
+        the two ``nn.Sequential`` mode-query encoders: docs/accel.md); ``compile_dynamic=true`` does so from
+        the start, ``false`` would compile a graph per distinct query count instead (avoid it with denoising
+        on). Not measured on a GPU yet: the default stays ``encoder``.
         """
         units: dict[str, nn.Module] = {"encoder": self.encoder}
         if self.compile_scope == "heads":
