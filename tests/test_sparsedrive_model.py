@@ -133,3 +133,107 @@ def test_denoising_queries_train_without_disturbing_the_learned_queries() -> Non
     noisy.eval()
     with torch.no_grad():
         assert noisy(frames[1]).det.dn is None  # denoising is a training-time device only
+
+
+def test_compile_scope_selects_the_units_accel_compiles() -> None:
+    """``encoder`` (the default) compiles the backbone + FPN; ``heads`` adds every head's dense parts by module
+    path (the first detection layer has no self attention, the first layers no temporal one); stage 1 has no
+    motion units; any other value is refused in one line that names the key and the choices."""
+    assert set(_test_model().compile_units()) == {"encoder"}
+    net = _test_model(compile_scope="heads")
+    units = net.compile_units()
+    per_layer = {"det_head": {0: ("dfa", "ffn", "refine"), 1: ("temp_attn", "self_attn", "dfa", "ffn", "refine")},
+                 "map_head": {0: ("self_attn", "dfa", "ffn", "refine"),
+                              1: ("temp_attn", "self_attn", "dfa", "ffn", "refine")}}
+    want = {"encoder", "det_head.anchor_encoder", "map_head.anchor_encoder", "motion_head.refine",
+            "motion_head.motion_anchor_encoder", "motion_head.plan_anchor_encoder"}
+    want |= {f"{head}.{kind}.{i}" for head, layers in per_layer.items() for i, kinds in layers.items() for kind in kinds}
+    want |= {f"motion_head.{kind}.0" for kind in ("temp_attn", "agent_attn", "map_attn", "ffn")}
+    assert set(units) == want
+    modules = dict(net.named_modules())
+    assert all(units[name] is modules[name] for name in want)  # the names are the module paths
+    assert not any(name.startswith("motion_head") for name in _test_model(stage=1, compile_scope="heads").compile_units())
+    with pytest.raises(ValueError, match=r"^compile_scope='all' is not valid; choose one of: encoder, heads$"):
+        _test_model(compile_scope="all")
+
+
+GT_KEYS = ("gt_boxes_3d", "gt_labels_3d", "gt_instance_ids", "gt_agent_fut_trajs", "gt_agent_fut_masks")
+
+
+def _keep_boxes(batch: dict, n: int) -> dict:
+    """The batch with each sample's first ``n`` boxes: the denoising queries number 2 x groups x the most boxes."""
+    return {**batch, **{key: [x[:n] for x in batch[key]] for key in GT_KEYS}}
+
+
+def test_heads_compiled_train_like_eager_without_breaks_or_a_graph_per_query_count() -> None:
+    """``compile_scope=heads`` with ``aggregation=auto`` and denoising on, its head units compiled as
+    ``accel.compile`` compiles them (``dynamic`` null, the multi-unit recompile limit; aot_eager: Dynamo's
+    capture and AOTAutograd without Inductor's codegen): over four training steps whose denoising query counts
+    differ (3, 1, 4, 2 boxes at most) the losses and gradients are eager's; no unit breaks its graph; the
+    aggregation is traced as corner gathers (no ``grid_sample`` in any graph); and the steps after the first
+    with history compile nothing, so a new query count reuses the dynamic graphs instead of recompiling."""
+    import torch._dynamo
+    from torch._dynamo.backends.registry import lookup_backend
+    from torch._dynamo.utils import counters
+
+    from drivebench.accel.compile import MULTI_UNIT_RECOMPILE_LIMIT, recompile_report
+
+    def build() -> torch.nn.Module:
+        net = _test_model(compile_scope="heads", aggregation="auto", num_dn_groups=2, grid_mask=False)
+        for head in (net.det_head, net.map_head):
+            for dfa in head.dfa:
+                dfa.attn_drop = 0.0  # compiled dropout draws other masks (the test size has dropout 0 elsewhere)
+        return net.train()
+
+    graph_ops: set[str] = set()
+
+    def record_then_aot_eager(gm: torch.fx.GraphModule, example_inputs):
+        graph_ops.update(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+    frames = [_keep_boxes(f, n) for f, n in zip(make_sequence(4, batch_size=2), (3, 1, 4, 2))]
+    graphs_after: list[int] = []
+
+    def train(net: torch.nn.Module) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
+        """Each step's loss and gradients (no optimizer step: the streaming state alone carries over)."""
+        losses, grads = [], []
+        for step, batch in enumerate(frames):
+            torch.manual_seed(step)  # the same denoising noise for both models
+            net.zero_grad()
+            loss = net.criterion(batch, net(batch))["loss"]
+            loss.backward()
+            losses.append(loss.detach())
+            grads.append({n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None})
+            graphs_after.append(int(counters["stats"].get("unique_graphs", 0)))
+        return losses, grads
+
+    eager = build()
+    ref_losses, ref_grads = train(eager)
+    compiled = build()
+    compiled.load_state_dict(eager.state_dict())
+    torch._dynamo.reset()
+    counters.clear()
+    graphs_after.clear()
+    units = compiled.compile_units()
+    for name, module in units.items():
+        if name != "encoder":  # the backbone's compile is covered elsewhere; keep this quick
+            module.compile(backend=record_then_aot_eager, dynamic=None)
+    with torch._dynamo.config.patch(recompile_limit=MULTI_UNIT_RECOMPILE_LIMIT):  # as apply_compile sets it
+        losses, grads = train(compiled)
+
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    dn_counts = [2 * 2 * max(len(x) for x in batch["gt_boxes_3d"]) for batch in frames]
+    assert len(set(dn_counts[1:])) == 3  # the steps with history see three denoising query counts
+    assert graphs_after[1] == graphs_after[-1], graphs_after  # no graph for a new query count after step 2
+    report = recompile_report()
+    assert all(frame["recompiles"] < MULTI_UNIT_RECOMPILE_LIMIT - 1 for frame in report["frames"]), report
+    assert graphs_after[-1] <= 40, (graphs_after, report)  # 34 on torch 2.14: one per structural variant
+    assert not any("grid_sample" in op for op in graph_ops) and any("floor" in op for op in graph_ops)
+    torch.testing.assert_close(torch.stack(losses), torch.stack(ref_losses), rtol=1e-5, atol=1e-5)
+    # the corner gathers' float32 gradients at the keypoints differ from grid_sample's by up to ~1.5e-3 of a
+    # parameter's largest gradient on the first step (~4e-5 with grid_sample in the units too)
+    for step, (got, want_step) in enumerate(zip(grads, ref_grads)):
+        assert got.keys() == want_step.keys() and len(got) > 100
+        for name, want in want_step.items():
+            torch.testing.assert_close(got[name], want, rtol=1e-3, atol=5e-3 * float(want.abs().max()) + 1e-7,
+                                       msg=lambda m: f"step {step}, grad of {name}: {m}")

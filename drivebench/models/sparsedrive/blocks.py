@@ -155,8 +155,8 @@ class DeformableFeatureAggregation(nn.Module):
     group) weights come from the instance feature + anchor embedding + a camera embedding and are
     softmaxed jointly over (keypoint, camera, level), as upstream. The output is concatenated with
     the input feature (``residual_mode="cat"``) and goes to a 2x-wide FFN. ``impl`` picks how the
-    sampling runs (``drivebench.models.ops.deformable_aggregation``: grid_sample | chunked | compiled | auto; SparseDrive's
-    heads run eagerly, so auto runs grid_sample).
+    sampling runs (``drivebench.models.ops.deformable_aggregation``: grid_sample | chunked | compiled | auto; auto
+    traces the corner gathers where this module is a compiled unit, ``compile_scope=heads``, else grid_sample).
     """
 
     def __init__(self, dims: int, keypoints: nn.Module, num_groups: int = 8, num_levels: int = 4,

@@ -32,6 +32,7 @@ from drivebench.models.sparsedrive.sparse_head import HeadOutput, build_detectio
 DETECTION_CLASSES = ("car", "truck", "construction_vehicle", "bus", "trailer", "barrier", "motorcycle", "bicycle",
                      "pedestrian", "traffic_cone")
 MAP_CLASSES = ("divider", "ped_crossing", "boundary")
+COMPILE_SCOPES = ("encoder", "heads")
 
 
 @dataclass
@@ -49,7 +50,8 @@ class SparseDrive(nn.Module):
     planning. ``det_anchors`` / ``map_anchors`` / ``motion_anchors`` / ``plan_anchors``: optional
     ``.npy`` k-means files as upstream's ``data/kmeans``; built-in defaults otherwise, which
     ``set_anchors`` replaces (the LightningModule's k-means of the training infos, ``kmeans.py``).
-    ``aggregation``: how the deformable aggregation samples (grid_sample | chunked | compiled).
+    ``aggregation``: how the deformable aggregation samples (grid_sample | chunked | compiled | auto).
+    ``compile_scope``: what ``accel.compile`` compiles (``encoder`` | ``heads``; ``compile_units``).
     ``activation_checkpointing``: recompute the ResNet's residual blocks in backward (upstream
     ``with_cp=True``). ``image_size``: the (H, W) the model is fed (metadata for accel's checkpointing).
 
@@ -106,10 +108,14 @@ class SparseDrive(nn.Module):
         aggregation: str = "grid_sample",
         activation_checkpointing: bool = True,
         image_size: tuple[int, int] = (256, 704),
+        compile_scope: str = "encoder",
     ) -> None:
         super().__init__()
         if stage not in (1, 2):
             raise ValueError(f"stage={stage!r}; SparseDrive trains in stage 1 (det + map) or 2 (+ motion/planning)")
+        if compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"compile_scope={compile_scope!r} is not valid; choose one of: {', '.join(COMPILE_SCOPES)}")
+        self.compile_scope = compile_scope
         self.stage = stage
         self.dims, self.num_cams = dims, num_cams
         self.image_size = (int(image_size[0]), int(image_size[1]))  # (H, W) fed to the backbone; metadata only
@@ -252,9 +258,45 @@ class SparseDrive(nn.Module):
 
     # ---- forward -----------------------------------------------------------------------------
     def compile_units(self) -> dict[str, nn.Module]:
-        """What ``accel.compile`` compiles: the image backbone + FPN (static shapes, most FLOPs).
-        The heads stay eager: their instance banks and matching depend on the data."""
-        return {"encoder": self.encoder}
+        """What ``accel.compile`` compiles.
+
+        ``encoder`` (the default): the image backbone + FPN (static shapes, most FLOPs); the heads run eagerly.
+        ``heads``: also the heads' dense parts, each a unit named by its module path (``det_head.dfa.0``):
+        in the detection and map heads the shared anchor encoder and, per layer, the temporal and self
+        attention (where not an Identity), the deformable aggregation, the FFN and the refinement; in the
+        motion head its attentions, FFNs, refinement and mode-query encoders (``*.compile_units``). Why: on
+        an H100 the heads' ~15k small ops a step leave ``max`` device-bound at 0.50 s; per-layer units let
+        Inductor fuse them while the data-dependent bookkeeping stays eager: the instance bank's top-k
+        merge and cache, the instance queue's track matching, the denoising queries and their mask, the
+        Hungarian matching in the loss. Nothing in a unit reads a tensor's value on the host (no
+        ``.item()``, no branch on a value, no data-dependent shape), so a unit is one graph without breaks.
+        With ``aggregation=auto`` the aggregation inside a compiled ``dfa`` unit traces the corner gathers
+        (``compiled``'s path); eagerly it is ``grid_sample``.
+
+        Shapes: the query count is fixed (anchors) except where denoising (``num_dn_groups`` > 0, off in
+        ``small``) appends 2 x groups x (the batch's most boxes, <= 32) queries in training. With
+        ``accel.compile_dynamic`` null (every accel preset) Dynamo compiles a unit static first and, at the
+        first other query count, once more with that dimension dynamic (automatic dynamic shapes); later
+        counts reuse that graph, so a unit compiles a bounded number of graphs, not one per step. The same
+        happens once for the anchor encoder (called on the queries, the temporal instances, the ego and the
+        motion queue) and the motion head's temporal attention (its queue fills over the first
+        ``queue_length`` steps); eval mode adds one graph per unit at validation. Units of one class share
+        their graphs across layers and heads (34 in all at the ``test`` size on torch 2.14, as many with 6
+        layers), but the attention's structural variants (self or cross, a first step without history) number
+        about nine, over Dynamo's default limit of 8 per code object: ``apply_compile`` raises it to 64 for
+        models with several units. ``accel.compile_shape_profile`` (GPUs) keeps the shape decisions for the
+        next run of the setup, which then compiles the varying dimensions dynamic from its first step (not for
+        the two ``nn.Sequential`` mode-query encoders: docs/accel.md); ``compile_dynamic=true`` does so from
+        the start, ``false`` would compile a graph per distinct query count instead (avoid it with denoising
+        on). Not measured on a GPU yet: the default stays ``encoder``.
+        """
+        units: dict[str, nn.Module] = {"encoder": self.encoder}
+        if self.compile_scope == "heads":
+            heads = {"det_head": self.det_head, "map_head": self.map_head, "motion_head": self.motion_head}
+            for prefix, head in heads.items():
+                if head is not None:
+                    units.update({f"{prefix}.{name}": module for name, module in head.compile_units().items()})
+        return units
 
     def forward(self, batch: Mapping[str, Any]) -> SparseDriveOutput:
         img = batch["img"]

@@ -211,6 +211,18 @@ class MotionPlanningHead(nn.Module):
     def reset_state(self) -> None:
         self.queue.reset_state()
 
+    def compile_units(self) -> dict[str, nn.Module]:
+        """The dense parts (``model.net.compile_scope=heads``): per layer the three attentions and the FFN,
+        the refinement and the two mode-query encoders. Left eager: the instance queue (track-id matching,
+        a history that grows for ``queue_length`` steps) and the top-k selections, which are bookkeeping,
+        and the ego feature encoder (one small conv stack a step)."""
+        units: dict[str, nn.Module] = {"refine": self.refine, "motion_anchor_encoder": self.motion_anchor_encoder,
+                                       "plan_anchor_encoder": self.plan_anchor_encoder}
+        for i in range(len(self.temp_attn)):
+            for kind in ("temp_attn", "agent_attn", "map_attn", "ffn"):
+                units[f"{kind}.{i}"] = getattr(self, kind)[i]
+        return units
+
     def attend(self, layer: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                query_pos: torch.Tensor, key_pos: torch.Tensor, key_valid: torch.Tensor | None = None) -> torch.Tensor:
         """Decoupled attention (content and position concatenated to 512-d), as upstream."""

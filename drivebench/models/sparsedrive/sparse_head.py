@@ -103,6 +103,21 @@ class SparseInstanceHead(nn.Module):
     def reset_state(self) -> None:
         self.bank.reset_state()
 
+    def compile_units(self) -> dict[str, nn.Module]:
+        """The per-layer dense parts (``model.net.compile_scope=heads``), named by their module path: the
+        anchor encoder, and per layer the attention that is not an Identity, the deformable aggregation, the
+        FFN and the refinement. Each takes the queries as they are and returns a tensor, so the bank's
+        top-k merge, the denoising mask and the ``torch.where`` on history stay outside, eagerly. The
+        LayerNorms after attention and FFN stay eager too (one kernel each; joining them to a unit would
+        need a module that changes the state_dict's names)."""
+        units: dict[str, nn.Module] = {"anchor_encoder": self.anchor_encoder}
+        for i in range(self.num_layers):
+            for kind in ("temp_attn", "self_attn", "dfa", "ffn", "refine"):
+                module = getattr(self, kind)[i]
+                if not isinstance(module, nn.Identity):
+                    units[f"{kind}.{i}"] = module
+        return units
+
     def attend(self, layer: nn.Module, query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
                query_pos: torch.Tensor, key_pos: torch.Tensor | None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Attention with decoupled content/position (512-d q/pos concat) when ``decouple_attn``."""
