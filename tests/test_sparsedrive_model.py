@@ -136,9 +136,10 @@ def test_denoising_queries_train_without_disturbing_the_learned_queries() -> Non
 
 
 def test_compile_scope_selects_the_units_accel_compiles() -> None:
-    """``encoder`` (the default) compiles the backbone + FPN; ``heads`` adds every head's dense parts by module
-    path (the first detection layer has no self attention, the first layers no temporal one); stage 1 has no
-    motion units; any other value is refused in one line that names the key and the choices."""
+    """``encoder`` (the code's default) compiles the backbone + FPN; ``aggregation`` (the config's) adds each
+    detection and map layer's deformable aggregation; ``heads`` adds every head's dense parts by module path (the
+    first detection layer has no self attention, the first layers no temporal one); stage 1 has no motion units;
+    any other value is refused in one line that names the key and the choices."""
     assert set(_test_model().compile_units()) == {"encoder"}
     net = _test_model(compile_scope="heads")
     units = net.compile_units()
@@ -153,7 +154,12 @@ def test_compile_scope_selects_the_units_accel_compiles() -> None:
     modules = dict(net.named_modules())
     assert all(units[name] is modules[name] for name in want)  # the names are the module paths
     assert not any(name.startswith("motion_head") for name in _test_model(stage=1, compile_scope="heads").compile_units())
-    with pytest.raises(ValueError, match=r"^compile_scope='all' is not valid; choose one of: encoder, heads$"):
+    aggregation_net = _test_model(compile_scope="aggregation")  # the config's default
+    aggregation = aggregation_net.compile_units()
+    assert set(aggregation) == {"encoder"} | {f"{head}.dfa.{i}" for head in ("det_head", "map_head") for i in (0, 1)}
+    aggregation_modules = dict(aggregation_net.named_modules())
+    assert all(aggregation[name] is aggregation_modules[name] for name in aggregation)
+    with pytest.raises(ValueError, match=r"^compile_scope='all' is not valid; choose one of: encoder, aggregation, heads$"):
         _test_model(compile_scope="all")
 
 

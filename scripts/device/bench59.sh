@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
-# GPU benchmark, part 59 (written 2026-12-07, thirtieth session; not run yet), issue 20: SparseDrive's `max` step on
-# the float32 sampling (the deformable ops sample bf16 features at float32 locations since the twenty-ninth session:
-# a float32 copy of each sampled level kept for backward, ~6.6 GB a step more by arithmetic) against b57's 0.504 s /
-# 30.0 GiB, and where its GPU time goes. SparseDrive's `max` is 2.87x `none` epoch for epoch (b48), device-bound
-# (GPU busy 86-96%, b57): 3x sooner needs a shorter GPU step, and no profile of it is on record.
+# GPU benchmark, part 59 (written 2026-12-07, thirtieth session; its first form of s ran that session on one H100,
+# experiments/results/h100-2026-12-07-b59/), issue 20: SparseDrive's `max` step. b59 found `grid_sample` on float32
+# locations at 0.648 s / 36.6 GiB a step and the op's own compiled form at 0.576 s / 19.6 GiB on one H100; since then
+# SparseDrive's defaults compile each layer's aggregation as a unit (`model.net.compile_scope=aggregation`,
+# `aggregation=auto`: the corner gathers traced into the unit), not yet timed. Its profiler run was cut before the
+# trace's kernels were written: GPU time by kernel is still unknown.
 #   bash scripts/device/bench59.sh s > /dev/null 2>&1; tr '\r' '\n' < $OUT/log.txt | grep -v "train step:\|it/s\]" | tail -c 9000
 # (run tool timeout 595; no QCNet: set av2's wheel aside)
-#   s  SparseDrive small `max`, training only, STEPS (default 100) steps each on one emptied cache: as configured,
-#      as configured under torch.profiler (bench.profile=3: the trace's top kernels in the summary), the compiled
-#      aggregation (b57: 0.493 s, 19.6 GiB), and EXTRA runs' overrides if set (~480 s on an H100)
+#   s  SparseDrive small `max`, training only, STEPS (default 60) steps each on one emptied cache: as configured
+#      (the dfa units), the op's own compile in eager heads (b59's 0.576 s), the setting before b59
+#      (`compile_scope=encoder aggregation=grid_sample`), and EXTRA's overrides if set (~450 s on an H100)
+#   p  as configured under torch.profiler (bench.profile=3, 20 steps, on s's cache, a 300-s cap: the export of b59's
+#      trace did not fit 120 s): the trace's top kernels in the summary, the trace kept if under 40 MB
+# Then SparseDrive's time to quality on the new defaults: `bash scripts/device/bench39.sh h` (convergence max).
 export LIMIT=${LIMIT:-565}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 # trim_trace RUN: a trace over 40 MB stays behind (the summary keeps its top kernels), so runs.tgz comes back
 trim_trace() { find "$RUNS/$1" -name "*.trace.json.gz" -size +40M -print -delete | tee -a "$OUT/log.txt"; bundle; }
-SD="model=sparsedrive $TRAIN_ONLY accel=max bench.steps=${STEPS:-100}"
+SD="model=sparsedrive $TRAIN_ONLY accel=max bench.steps=${STEPS:-60}"
 case "$PART" in
   s) cold sd59
-     run sd_max 160 $SD; run sd_max_prof 120 $SD bench.profile=3; trim_trace sd_max_prof; run sd_max_agg 110 $SD model.net.aggregation=compiled
-     [[ -n ${EXTRA:-} ]] && run sd_max_extra 110 $SD $EXTRA ;;
-  *) log "unknown part $PART (s)"; exit 2 ;;
+     run sd_max 170 $SD
+     run sd_max_opcompiled 120 $SD model.net.compile_scope=encoder model.net.aggregation=compiled
+     run sd_max_before 120 $SD model.net.compile_scope=encoder model.net.aggregation=grid_sample
+     [[ -n ${EXTRA:-} ]] && run sd_max_extra 120 $SD $EXTRA ;;
+  p) reuse_cache sd59
+     run sd_max_prof 300 model=sparsedrive $TRAIN_ONLY accel=max bench.steps=20 bench.profile=3; trim_trace sd_max_prof ;;
+  *) log "unknown part $PART (s, p)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"

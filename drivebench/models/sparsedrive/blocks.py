@@ -156,7 +156,8 @@ class DeformableFeatureAggregation(nn.Module):
     softmaxed jointly over (keypoint, camera, level), as upstream. The output is concatenated with
     the input feature (``residual_mode="cat"``) and goes to a 2x-wide FFN. ``impl`` picks how the
     sampling runs (``drivebench.models.ops.deformable_aggregation``: grid_sample | chunked | compiled | auto; auto
-    traces the corner gathers where this module is a compiled unit, ``compile_scope=heads``, else grid_sample).
+    traces the corner gathers where this module is a compiled unit, ``compile_scope=aggregation`` or ``heads``,
+    else grid_sample).
     """
 
     def __init__(self, dims: int, keypoints: nn.Module, num_groups: int = 8, num_levels: int = 4,

@@ -32,7 +32,7 @@ from drivebench.models.sparsedrive.sparse_head import HeadOutput, build_detectio
 DETECTION_CLASSES = ("car", "truck", "construction_vehicle", "bus", "trailer", "barrier", "motorcycle", "bicycle",
                      "pedestrian", "traffic_cone")
 MAP_CLASSES = ("divider", "ped_crossing", "boundary")
-COMPILE_SCOPES = ("encoder", "heads")
+COMPILE_SCOPES = ("encoder", "aggregation", "heads")
 
 
 @dataclass
@@ -51,7 +51,7 @@ class SparseDrive(nn.Module):
     ``.npy`` k-means files as upstream's ``data/kmeans``; built-in defaults otherwise, which
     ``set_anchors`` replaces (the LightningModule's k-means of the training infos, ``kmeans.py``).
     ``aggregation``: how the deformable aggregation samples (grid_sample | chunked | compiled | auto).
-    ``compile_scope``: what ``accel.compile`` compiles (``encoder`` | ``heads``; ``compile_units``).
+    ``compile_scope``: what ``accel.compile`` compiles (``encoder`` | ``aggregation`` | ``heads``; ``compile_units``).
     ``activation_checkpointing``: recompute the ResNet's residual blocks in backward (upstream
     ``with_cp=True``). ``image_size``: the (H, W) the model is fed (metadata for accel's checkpointing).
 
@@ -260,13 +260,19 @@ class SparseDrive(nn.Module):
     def compile_units(self) -> dict[str, nn.Module]:
         """What ``accel.compile`` compiles.
 
-        ``encoder`` (the default): the image backbone + FPN (static shapes, most FLOPs); the heads run eagerly.
+        ``encoder``: the image backbone + FPN (static shapes, most FLOPs); the heads run eagerly.
+        ``aggregation`` (the config's default): also the detection and map heads' deformable aggregation, one
+        unit per layer (``det_head.dfa.0``: keypoints, projection, weights and sampling in one graph), so that
+        with ``aggregation=auto`` the compiled corner gathers run where the model compiles (``max`` on GPUs)
+        and ``grid_sample`` where it does not (``none``, CPUs). Why: under bf16 ``grid_sample`` samples in
+        float32 (a float32 copy of each level kept for backward): on an H100 at ``max`` the op's own compiled
+        form stepped 0.576 s against 0.648 s with 19.6 against 36.6 GiB (b59).
         ``heads``: also the heads' dense parts, each a unit named by its module path (``det_head.dfa.0``):
         in the detection and map heads the shared anchor encoder and, per layer, the temporal and self
         attention (where not an Identity), the deformable aggregation, the FFN and the refinement; in the
         motion head its attentions, FFNs, refinement and mode-query encoders (``*.compile_units``). Why: on
-        an H100 the heads' ~15k small ops a step leave ``max`` device-bound at 0.50 s; per-layer units let
-        Inductor fuse them while the data-dependent bookkeeping stays eager: the instance bank's top-k
+        an H100 a ``max`` step dispatches ~23k aten ops (b59), most of them the heads' small ones; per-layer
+        units let Inductor fuse them while the data-dependent bookkeeping stays eager: the instance bank's top-k
         merge and cache, the instance queue's track matching, the denoising queries and their mask, the
         Hungarian matching in the loss. Nothing in a unit reads a tensor's value on the host (no
         ``.item()``, no branch on a value, no data-dependent shape), so a unit is one graph without breaks.
@@ -288,9 +294,14 @@ class SparseDrive(nn.Module):
         next run of the setup, which then compiles the varying dimensions dynamic from its first step (not for
         the two ``nn.Sequential`` mode-query encoders: docs/accel.md); ``compile_dynamic=true`` does so from
         the start, ``false`` would compile a graph per distinct query count instead (avoid it with denoising
-        on). Not measured on a GPU yet: the default stays ``encoder``.
+        on). On an H100 a cold compile of ``heads`` took over 186 s without finishing its first step (b59): not
+        a default.
         """
         units: dict[str, nn.Module] = {"encoder": self.encoder}
+        if self.compile_scope == "aggregation":
+            for prefix, head in (("det_head", self.det_head), ("map_head", self.map_head)):
+                if head is not None:
+                    units.update({f"{prefix}.dfa.{i}": dfa for i, dfa in enumerate(head.dfa)})
         if self.compile_scope == "heads":
             heads = {"det_head": self.det_head, "map_head": self.map_head, "motion_head": self.motion_head}
             for prefix, head in heads.items():
