@@ -258,55 +258,33 @@ class SparseDrive(nn.Module):
 
     # ---- forward -----------------------------------------------------------------------------
     def compile_units(self) -> dict[str, nn.Module]:
-        """What ``accel.compile`` compiles.
+        """What ``accel.compile`` compiles, by ``compile_scope`` (docs/accel.md):
 
         ``encoder``: the image backbone + FPN (static shapes, most FLOPs); the heads run eagerly.
-        ``aggregation`` (the config's default): also the detection and map heads' deformable aggregation, one
-        unit per layer (``det_head.dfa.0``: keypoints, projection, weights and sampling in one graph), so that
-        with ``aggregation=auto`` the compiled corner gathers run where the model compiles (``max`` on GPUs)
-        and ``grid_sample`` where it does not (``none``, CPUs). Why: under bf16 ``grid_sample`` samples in
-        float32 (a float32 copy of each level kept for backward): on an H100 at ``max`` the op's own compiled
-        form stepped 0.576 s against 0.648 s with 19.6 against 36.6 GiB (b59).
-        ``heads``: also the heads' dense parts, each a unit named by its module path (``det_head.dfa.0``):
-        in the detection and map heads the shared anchor encoder and, per layer, the temporal and self
-        attention (where not an Identity), the deformable aggregation, the FFN and the refinement; in the
-        motion head its attentions, FFNs, refinement and mode-query encoders (``*.compile_units``). Why: on
-        an H100 a ``max`` step dispatches ~23k aten ops (b59), most of them the heads' small ones; per-layer
-        units let Inductor fuse them while the data-dependent bookkeeping stays eager: the instance bank's top-k
-        merge and cache, the instance queue's track matching, the denoising queries and their mask, the
-        Hungarian matching in the loss. Nothing in a unit reads a tensor's value on the host (no
-        ``.item()``, no branch on a value, no data-dependent shape), so a unit is one graph without breaks.
-        With ``aggregation=auto`` the aggregation inside a compiled ``dfa`` unit traces the corner gathers
-        (``compiled``'s path); eagerly it is ``grid_sample``.
-
-        Shapes: the query count is fixed (anchors) except where denoising (``num_dn_groups`` > 0, off in
-        ``small``) appends 2 x groups x (the batch's most boxes, <= 32) queries in training. With
-        ``accel.compile_dynamic`` null (every accel preset) Dynamo compiles a unit static first and, at the
-        first other query count, once more with that dimension dynamic (automatic dynamic shapes); later
-        counts reuse that graph, so a unit compiles a bounded number of graphs, not one per step. The same
-        happens once for the anchor encoder (called on the queries, the temporal instances, the ego and the
-        motion queue) and the motion head's temporal attention (its queue fills over the first
-        ``queue_length`` steps); eval mode adds one graph per unit at validation. Units of one class share
-        their graphs across layers and heads (34 in all at the ``test`` size on torch 2.14, as many with 6
-        layers), but the attention's structural variants (self or cross, a first step without history) number
-        about nine, over Dynamo's default limit of 8 per code object: ``apply_compile`` raises it to 64 for
-        models with several units. ``accel.compile_shape_profile`` (GPUs) keeps the shape decisions for the
-        next run of the setup, which then compiles the varying dimensions dynamic from its first step (not for
-        the two ``nn.Sequential`` mode-query encoders: docs/accel.md); ``compile_dynamic=true`` does so from
-        the start, ``false`` would compile a graph per distinct query count instead (avoid it with denoising
-        on). On an H100 a cold compile of ``heads`` took over 186 s without finishing its first step (b59): not
-        a default.
+        ``aggregation`` (the config's default): also each detection and map layer's deformable aggregation
+        (``det_head.dfa.0``), so that with ``aggregation=auto`` the corner gathers run compiled where the model
+        compiles (``max`` on GPUs) and ``grid_sample`` where it does not. Why: under bf16 ``grid_sample`` keeps
+        a float32 copy of each sampled level; on an H100 the compiled aggregation stepped 0.576 s against
+        0.648 s, 19.6 against 36.6 GiB (b59).
+        ``heads``: every head's dense parts (``*.compile_units``: anchor encoders, attention, aggregation, FFN,
+        refinement), a unit per module; the data-dependent bookkeeping (instance bank, queue, denoising
+        queries, matching) stays eager, so no unit breaks its graph. A varying query count (denoising, off in
+        ``small``) recompiles a unit once with that dimension dynamic (``compile_dynamic`` null), not once a
+        step; the attention's ~9 structural variants pass Dynamo's default limit of 8, which ``apply_compile``
+        raises. Its cold compile ran past 186 s on an H100 without finishing a step (b59): not a default.
         """
         units: dict[str, nn.Module] = {"encoder": self.encoder}
-        if self.compile_scope == "aggregation":
-            for prefix, head in (("det_head", self.det_head), ("map_head", self.map_head)):
-                if head is not None:
-                    units.update({f"{prefix}.dfa.{i}": dfa for i, dfa in enumerate(head.dfa)})
+        if self.compile_scope == "encoder":
+            return units
+        heads = {"det_head": self.det_head, "map_head": self.map_head}
         if self.compile_scope == "heads":
-            heads = {"det_head": self.det_head, "map_head": self.map_head, "motion_head": self.motion_head}
-            for prefix, head in heads.items():
-                if head is not None:
-                    units.update({f"{prefix}.{name}": module for name, module in head.compile_units().items()})
+            heads["motion_head"] = self.motion_head
+        for prefix, head in heads.items():
+            if head is None:
+                continue
+            for name, module in head.compile_units().items():
+                if self.compile_scope == "heads" or name.startswith("dfa."):
+                    units[f"{prefix}.{name}"] = module
         return units
 
     def forward(self, batch: Mapping[str, Any]) -> SparseDriveOutput:
