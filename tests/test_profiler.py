@@ -22,12 +22,23 @@ from test_bottleneck import Linear, Samples, Toy
 from tests.conftest import run_cli
 
 
-def fit(tmp_path, max_steps: int, profile: int = 3, warmup: int = 2, logger=False):
+class TraceOnDisk(pl.Callback):
+    """Whether the trace file is complete on disk after each step (and no partial file is left beside it)."""
+
+    def __init__(self, trace_dir: Path) -> None:
+        self.trace_dir, self.seen = trace_dir, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        files = sorted(p.name for p in self.trace_dir.glob("*")) if self.trace_dir.exists() else []
+        self.seen.append(files)
+
+
+def fit(tmp_path, max_steps: int, profile: int = 3, warmup: int = 2, logger=False, extra=()):
     torch.set_num_threads(1)
     module = Toy(Linear(), optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
     profiler = ProfileSteps(profile, warmup, tmp_path)
     timer = StepTimer("perf", warmup_steps=warmup, profiled_steps=profiler.occupied_steps)
-    trainer = pl.Trainer(accelerator="cpu", max_steps=max_steps, logger=logger, callbacks=[profiler, timer],
+    trainer = pl.Trainer(accelerator="cpu", max_steps=max_steps, logger=logger, callbacks=[profiler, timer, *extra],
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          profiler=LoaderWaitProfiler(), default_root_dir=str(tmp_path))
     trainer.fit(module, train_dataloaders=DataLoader(Samples(delay=0.002), batch_size=4))
@@ -63,6 +74,16 @@ def test_profile_window_trace_and_block(tmp_path):
     scalars, errors = read_scalars(sorted((tmp_path / "tb").glob("events.out.tfevents*")))
     assert not errors
     assert {"profile/aten_ops_per_step", "profile/aten_op_s_per_step"} <= set(scalars["tag"])
+
+
+def test_trace_is_written_when_the_window_ends_not_after_training(tmp_path):
+    """A run stopped after its window (a time limit, SIGTERM) keeps the trace: it is on disk, whole, from the
+    step after the last recorded one (training step 6 here), and only under its final name."""
+    on_disk = TraceOnDisk(tmp_path / "tb" / "profile")
+    profiler, _ = fit(tmp_path, max_steps=10, extra=[on_disk])
+    assert on_disk.seen[:5] == [[]] * 5  # warm-up, the profiler's warm-up, two recorded steps
+    assert on_disk.seen[5:] == [["rank0.pt.trace.json.gz"]] * 5  # the third recorded step wrote it
+    assert load_trace(profiler.trace_path)["traceEvents"] and profiler.export_s > 0
 
 
 def test_window_past_the_end_of_training_says_so(tmp_path):

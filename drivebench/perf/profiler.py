@@ -14,9 +14,12 @@ its figures beside the CUDA-event spans and NVML samples of the same steps, and 
 TensorBoard under ``profile/``.
 
 This callback must come before the :class:`~drivebench.perf.callback.StepTimer` in the callback
-list: stopping the trace (the profiler then collects its events, host time) happens in the last
-profiled step's batch-end hook, and so falls into that excluded step rather than into the first
-measured one. The trace file is written in ``teardown``, after the last step.
+list: stopping the trace (the profiler then collects its events, host time) and writing it happen in
+the last profiled step's batch-end hook, and so fall into that excluded step rather than into the first
+measured one. Written there, not after training: a run stopped later (a time limit, SIGTERM) keeps its
+trace and the summary its ``profile`` block. SparseDrive's trace took longer to write than the 20 s a
+benchmark's cap left after training (experiments/results/h100-2026-12-07-b59), and a cut export leaves a
+truncated file, so the file is written under a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
@@ -60,7 +63,6 @@ class ProfileSteps(pl.Callback):
         self.export_s: float | None = None
         self.activities: list[str] = []
         self._prof: torch.profiler.profile | None = None
-        self._recorded: torch.profiler.profile | None = None
         self._rank = 0
         self._n_steps = 0
         self._t_recorded: list[float] = []  # perf_counter at the start and the end of the recorded steps
@@ -95,7 +97,7 @@ class ProfileSteps(pl.Callback):
         self._n_steps += 1
         if self._n_steps in (self.first_recorded_step, self.first_recorded_step + self.steps):
             self._t_recorded.append(time.perf_counter())  # the recorded steps begin / end here
-        self._prof.step()  # the last recorded step's step() stops the trace (written in teardown)
+        self._prof.step()  # the last recorded step's step() stops the trace and writes it (``_ready``)
         if self._n_steps >= self.first_recorded_step + self.steps:
             self._stop()
 
@@ -113,20 +115,18 @@ class ProfileSteps(pl.Callback):
             prof.stop()
 
     def _ready(self, prof: torch.profiler.profile) -> None:
-        self._recorded = prof  # written in teardown: serialising the trace (seconds) stays out of the steps
-
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """After training, on every rank: write the recorded window's trace."""
-        self._stop()
-        prof, self._recorded = self._recorded, None
-        if prof is None:
-            return
+        """The window ended (or training did inside it), on every rank: write its trace now."""
         t0 = time.perf_counter()
         self.trace_dir.mkdir(parents=True, exist_ok=True)
         path = self.trace_dir / f"rank{self._rank}.pt.trace.json.gz"
-        prof.export_chrome_trace(str(path))  # gzipped by torch for a .gz name
+        partial = path.with_name(f".{path.name}")  # torch gzips for a .gz name; renamed once whole
+        prof.export_chrome_trace(str(partial))
+        partial.replace(path)
         self.trace_path = path
         self.export_s = time.perf_counter() - t0
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._stop()  # a profiler still open (an exception before on_train_end) is closed
 
     # ---- after training ----------------------------------------------------------------------
     def summarise(self, times: PhaseTimes, monitor: SystemMonitor | None = None, logger: Any = None,
