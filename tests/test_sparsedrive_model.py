@@ -243,3 +243,29 @@ def test_heads_compiled_train_like_eager_without_breaks_or_a_graph_per_query_cou
         for name, want in want_step.items():
             torch.testing.assert_close(got[name], want, rtol=1e-3, atol=5e-3 * float(want.abs().max()) + 1e-7,
                                        msg=lambda m: f"step {step}, grad of {name}: {m}")
+
+
+def test_aggregation_units_compile_a_graph_per_head_not_per_layer() -> None:
+    """``compile_scope=aggregation`` (the config's default) over three training steps at batch 2: the
+    ``dfa`` units (six a head in ``small``, two at the test size) share their graphs, one a head plus one variant, with
+    no break and no recompile for strides: the instance bank hands out contiguous queries, where a stride-0 view
+    of its parameters gave the first layer of each head a graph of its own (4 graphs, 3 recompiles before)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from drivebench.accel.compile import MULTI_UNIT_RECOMPILE_LIMIT, recompile_report
+
+    net = _test_model(compile_scope="aggregation", aggregation="auto").train()
+    torch._dynamo.reset()
+    counters.clear()
+    for name, module in net.compile_units().items():
+        if name != "encoder":  # the backbone's compile is covered elsewhere
+            module.compile(backend="aot_eager", dynamic=None)
+    with torch._dynamo.config.patch(recompile_limit=MULTI_UNIT_RECOMPILE_LIMIT):
+        for batch in make_sequence(3, batch_size=2):
+            net.zero_grad()
+            net.criterion(batch, net(batch))["loss"].backward()
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    reasons = [reason for frame in recompile_report()["frames"] for reason in frame["reasons"]]
+    assert not any("stride" in reason for reason in reasons), reasons
+    assert int(counters["stats"]["unique_graphs"]) <= 3, reasons

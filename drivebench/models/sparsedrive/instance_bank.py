@@ -92,8 +92,10 @@ class InstanceBank(nn.Module):
 
     def get(self, batch_size: int, ctx: TemporalContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Fresh (B, Q, C) features and (B, Q, D) anchors, plus the cached instances moved into this frame."""
-        feature = self.instance_feature[None].expand(batch_size, -1, -1)
-        anchor = self.anchor[None].expand(batch_size, -1, -1)
+        # contiguous, not a stride-0 view: a compiled unit (the dfa units of compile_scope=aggregation) guards on
+        # strides, and the first layer's stride-0 anchors against later layers' cost a second graph per unit
+        feature = self.instance_feature[None].expand(batch_size, -1, -1).contiguous()
+        anchor = self.anchor[None].expand(batch_size, -1, -1).contiguous()
         state = self.state
         if state is None or not ctx.has_history or state.feature.shape[0] != batch_size:
             self.state = None
