@@ -163,6 +163,14 @@ def test_compile_scope_selects_the_units_accel_compiles() -> None:
         _test_model(compile_scope="all")
 
 
+def _compile_head_units(net: torch.nn.Module, backend) -> None:
+    """Compile the model's units but the backbone (its compile is covered elsewhere; this keeps the tests quick) as
+    ``apply_compile`` does: ``dynamic`` null; run them under ``MULTI_UNIT_RECOMPILE_LIMIT``."""
+    for name, module in net.compile_units().items():
+        if name != "encoder":
+            module.compile(backend=backend, dynamic=None)
+
+
 GT_KEYS = ("gt_boxes_3d", "gt_labels_3d", "gt_instance_ids", "gt_agent_fut_trajs", "gt_agent_fut_masks")
 
 
@@ -220,10 +228,7 @@ def test_heads_compiled_train_like_eager_without_breaks_or_a_graph_per_query_cou
     torch._dynamo.reset()
     counters.clear()
     graphs_after.clear()
-    units = compiled.compile_units()
-    for name, module in units.items():
-        if name != "encoder":  # the backbone's compile is covered elsewhere; keep this quick
-            module.compile(backend=record_then_aot_eager, dynamic=None)
+    _compile_head_units(compiled, record_then_aot_eager)
     with torch._dynamo.config.patch(recompile_limit=MULTI_UNIT_RECOMPILE_LIMIT):  # as apply_compile sets it
         losses, grads = train(compiled)
 
@@ -246,9 +251,9 @@ def test_heads_compiled_train_like_eager_without_breaks_or_a_graph_per_query_cou
 
 
 def test_aggregation_units_compile_a_graph_per_head_not_per_layer() -> None:
-    """``compile_scope=aggregation`` (the config's default) over three training steps at batch 2: the
-    ``dfa`` units (six a head in ``small``, two at the test size) share their graphs, one a head plus one variant, with
-    no break and no recompile for strides: the instance bank hands out contiguous queries, where a stride-0 view
+    """``compile_scope=aggregation`` (the config's default) over three training steps at batch 2: the ``dfa`` units
+    (six a head in ``small``, two at the test size) share their graphs, one a head plus one variant, with no break
+    and no recompile for strides: the instance bank hands out contiguous queries, where a stride-0 view
     of its parameters gave the first layer of each head a graph of its own (4 graphs, 3 recompiles before)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
@@ -258,9 +263,7 @@ def test_aggregation_units_compile_a_graph_per_head_not_per_layer() -> None:
     net = _test_model(compile_scope="aggregation", aggregation="auto").train()
     torch._dynamo.reset()
     counters.clear()
-    for name, module in net.compile_units().items():
-        if name != "encoder":  # the backbone's compile is covered elsewhere
-            module.compile(backend="aot_eager", dynamic=None)
+    _compile_head_units(net, "aot_eager")
     with torch._dynamo.config.patch(recompile_limit=MULTI_UNIT_RECOMPILE_LIMIT):
         for batch in make_sequence(3, batch_size=2):
             net.zero_grad()

@@ -25,8 +25,9 @@ Three implementations of the same sum (``impl``), and a choice between two of th
 * ``auto``: decided where the op runs. Inside a compiled region the corner gathers are traced into the
   region's graph (``compiled``'s kernels, with no function of their own); run eagerly, ``grid_sample``.
   GaussianFormer's ``max`` compiles each block's aggregation (``compile_scope=encoder``), so there it
-  runs fused, as in SparseDrive's ``dfa`` units (``compile_scope=aggregation``, its default, or ``heads``); ``none``, the CPU, and a
-  unit that ``accel=auto``'s compile judge sends back to eager run ``grid_sample``, with no separate compile.
+  runs fused, as in SparseDrive's ``dfa`` units (``compile_scope=aggregation``, its default, or ``heads``);
+  ``none``, the CPU, and a unit that ``accel=auto``'s compile judge sends back to eager run ``grid_sample``,
+  with no separate compile.
 """
 
 from __future__ import annotations

@@ -105,8 +105,8 @@ class SparseInstanceHead(nn.Module):
 
     def compile_units(self) -> dict[str, nn.Module]:
         """The per-layer dense parts (``compile_scope=heads``; ``aggregation`` takes the ``dfa`` ones), by module
-        path: the anchor encoder, and per layer the attention that is not an Identity, the deformable aggregation, the
-        FFN and the refinement. Each takes the queries as they are and returns a tensor, so the bank's
+        path: the anchor encoder, and per layer the attention that is not an Identity, the deformable aggregation,
+        the FFN and the refinement. Each takes the queries as they are and returns a tensor, so the bank's
         top-k merge, the denoising mask and the ``torch.where`` on history stay outside, eagerly. The
         LayerNorms after attention and FFN stay eager too (one kernel each; joining them to a unit would
         need a module that changes the state_dict's names)."""
