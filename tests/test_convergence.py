@@ -425,6 +425,10 @@ def test_convergence_sweep_report_plots_and_tables_carry_both_runs(sweep, tmp_pa
         assert summary["targets"] == ["val/mAP>=0.05"]         # the model's target, recorded by the run
         assert summary["config"]["trainer"]["check_val_every_n_epoch"] == 1
         assert summary["run"]["seed"] == 2023
+        validation = summary["train"]["validation"]            # the fit's two validations, where their time went
+        assert validation["runs"] == 2 and validation["steps"] == [5, 10] and validation["batches"] >= 1
+        assert validation["wall_s"]["n"] == 1 and validation["total_s"] >= validation["first_s"] > 0
+        assert validation["forward_s"]["median"] > 0 and validation["first_wait_s"]["n"] == 1
     none_dir = next(sweep / n for n, s in summaries.items() if s["run"]["accel"] == "none")
     curve = _val_loss(none_dir)
     assert len(curve) == 2                                     # one validation per epoch

@@ -16,7 +16,8 @@ from drivebench.accel.gc_freeze import FreezeHeap
 from drivebench.perf.ceiling import CeilingDataModule
 from drivebench.perf.clock import StepClock
 from drivebench.perf.loader_wait import LoaderWaitProfiler
-from drivebench.perf.summary import loss_summary, phase_stats
+from drivebench.perf.callback import ValidationRecord
+from drivebench.perf.summary import loss_summary, phase_stats, render_table, validation_stats
 
 
 class SlowDataset(Dataset):
@@ -269,6 +270,90 @@ def test_validation_batches_are_not_booked_on_the_next_step():
     assert transform.calls == 6 + 2 * 2  # two validations of two batches each went through the transform
     # each step's preprocessing is its own batch's, never a validation batch's as well
     assert all(0.03 <= r.gpu_preprocess_s < 0.06 for r in timer.times.records)
+
+
+class SlowValidation(ToyModule):
+    """Each validation batch costs ``step`` seconds in ``validation_step``, each epoch end ``epoch_end``."""
+
+    def __init__(self, step: float, epoch_end: float) -> None:
+        super().__init__(SlowModel(0.0), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+        self.step_delay, self.epoch_end_delay = step, epoch_end
+
+    def validation_step(self, batch, batch_idx):
+        time.sleep(self.step_delay)
+        return super().validation_step(batch, batch_idx)
+
+    def on_validation_epoch_end(self) -> None:
+        time.sleep(self.epoch_end_delay)
+        super().on_validation_epoch_end()
+
+
+class Logged(pl.loggers.Logger):
+    """Keeps what is logged: (step, metrics)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: list[tuple[int, dict]] = []
+
+    name, version = "logged", 0
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.logged.append((step, dict(metrics)))
+
+    def log_hyperparams(self, *args, **kwargs) -> None:
+        pass
+
+
+def test_each_validation_during_fit_is_split_into_wait_forward_and_epoch_end():
+    """Two epochs of 4 steps, each validated on 3 batches of 20 ms plus a 200-ms epoch end; the sanity check's
+    2 batches go through the same hooks and leave no record. (Bounds leave room for a loaded machine.)"""
+    module = SlowValidation(step=0.02, epoch_end=0.2)
+    timer = StepTimer("train", warmup_steps=0)
+    logger = Logged()
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=2, limit_train_batches=4, limit_val_batches=3,
+                         num_sanity_val_steps=2, logger=logger, callbacks=[timer], enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    data = SlowData()
+    data.val_dataloader = lambda: DataLoader(SlowDataset(12, 0.0), batch_size=4)
+    trainer.fit(module, datamodule=data)
+    assert len(timer.times.records) == 8 == trainer.global_step  # training's step records are untouched
+    assert [(v.index, v.step, v.batches) for v in timer.validations] == [(0, 4, 3), (1, 8, 3)]
+    for v in timer.validations:
+        assert 3 * 0.02 <= v.forward_s < 3 * 0.02 + 0.1  # the epoch end's sleep is not a forward's
+        assert v.epoch_end_s >= 0.2
+        parts = v.first_wait_s + v.wait_s + v.forward_s + v.epoch_end_s
+        assert parts == pytest.approx(v.wall_s, abs=1e-6) and v.wall_s >= 0.26
+        assert 0 <= v.lead_in_s < 0.1 and v.first_wait_s < 0.1 and v.wait_s < 0.1
+    # each validation's seconds are cut out of the step after it, not booked on it
+    assert all(r.step_s < 0.2 for r in timer.times.records)
+    tags = {step: m for step, m in logger.logged if "perf/val_wall_s" in m}
+    assert sorted(tags) == [4, 8] and tags[8]["perf/val_forward_s"] == timer.validations[1].forward_s
+    assert {"perf/val_first_wait_s", "perf/val_wait_s", "perf/val_epoch_end_s", "perf/val_lead_in_s"} <= set(tags[4])
+
+    stats = validation_stats(timer.validations)
+    assert stats["runs"] == 2 and stats["batches"] == 3 and stats["steps"] == [4, 8]
+    assert stats["first_s"] == timer.validations[0].wall_s
+    assert stats["wall_s"]["n"] == 1 and stats["wall_s"]["median"] == timer.validations[1].wall_s  # after the first
+    assert stats["total_s"] == pytest.approx(sum(v.wall_s for v in timer.validations))
+
+
+def test_validation_stats_leave_the_first_run_out_of_the_spread_unless_it_is_the_only_one():
+    def record(i: int, wall: float) -> ValidationRecord:
+        return ValidationRecord(index=i, step=10 * (i + 1), wall_s=wall, batches=6, first_wait_s=wall / 2,
+                                wait_s=wall / 4, forward_s=wall / 8, epoch_end_s=wall / 8)
+
+    assert validation_stats([]) == {"runs": 0}
+    one = validation_stats([record(0, 8.0)])
+    assert one["first_s"] == 8.0 and one["wall_s"]["n"] == 1 and one["wall_s"]["median"] == 8.0
+    three = validation_stats([record(0, 8.0), record(1, 2.0), record(2, 4.0)])
+    assert three["runs"] == 3 and three["total_s"] == 14.0 and three["first_s"] == 8.0 and three["batches"] == 6
+    assert three["wall_s"]["median"] == 3.0 and three["first_wait_s"]["median"] == 1.5
+    assert three["forward_s"]["max"] == 0.5 and three["epoch_end_s"]["n"] == 2
+    table = render_table({"train": {"validation": three}})
+    assert "3 runs of 6 batches, 14 s in all; first 8 s, then median 3 s\n" in table
+    assert "forward 0.375 s, first batch 1.5 s, later waits 0.75 s, epoch end 0.375 s" in table
+    assert "1 run of 6 batches, 8 s\n" in render_table({"train": {"validation": one}})
+    assert "validation" not in render_table({"train": {}})
 
 
 def test_each_trainer_records_into_its_own_timers_clock():

@@ -52,7 +52,8 @@ from drivebench.perf.machine import filesystem_of
 from drivebench.perf.profiler import ProfileSteps
 from drivebench.perf.progress import StepProgressBar
 from drivebench.perf.stats import describe
-from drivebench.perf.summary import FAILED, RUNNING, SCHEMA_VERSION, loss_summary, phase_stats, render_table, write_summary
+from drivebench.perf.summary import (FAILED, RUNNING, SCHEMA_VERSION, loss_summary, phase_stats, render_table,
+                                     validation_stats, write_summary)
 from drivebench.perf.system import SystemMonitor
 from drivebench.perf.targets import parse_target
 
@@ -389,6 +390,8 @@ class TrainBench:
         if isinstance(prefetch, EpochStream) and prefetch.across_epochs:  # one iterator for every epoch: 1 start
             summary["data"]["epoch_stream"] = {"iterator_starts": prefetch.iterator_starts, "next_batch": list(prefetch.position)}
         summary["train"] = phase_stats(timer.times, monitor)
+        if timer.validations:  # trainer.val_check_interval / check_val_every_n_epoch: where those validations went
+            summary["train"]["validation"] = validation_stats(timer.validations)
         if profiler is not None and trainer.is_global_zero:
             summary["profile"] = profiler.summarise(timer.times, monitor, phase_logger(logger, FIT),
                                                     trainer.global_step)

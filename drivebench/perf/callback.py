@@ -24,6 +24,34 @@ lazily (``Event.query``) so that measuring never adds a host-device synchronisat
 ``sync_each_step`` asks for one. Warm-up steps are recorded but flagged, and excluded from every
 statistic. Validation time is cut out of the step clock (as Lightning's ThroughputMonitor does), and
 the clock records nothing while validation batches pass through the hooks.
+
+Each validation during fit (not the sanity check) gets a :class:`ValidationRecord`, split at the
+timer's own hooks (Lightning 2.6's ``_EvaluationLoop.run``; host clock only)::
+
+    step end | lead-in | val start | first wait | batch start | forward | batch end | wait | batch start
+             | forward | batch end ... last batch end | epoch end | val end
+
+* lead-in (outside the validation's ``wall_s``; it stays in the next step's gap, as before): the
+  rest of the last step's batch-end hooks and its logging, then the loop's ``setup_data`` and
+  ``reset``, where ``iter()`` on the validation loader starts workers that do not persist (and
+  fetches the first batch of a loader without ``len``), then ``on_validation_model_eval``. No
+  callback hook runs between the last ``on_train_batch_end`` and ``on_validation_start``. Checkpoint
+  saves in it are left out (they are the next step's ``ckpt_s``);
+* first wait: the other ``on_validation_start`` hooks, ``on_validation_epoch_start`` (metric
+  reset), the first ``next()`` on the loader (the workers' own start-up, ``worker_init_fn``
+  included, and their first batch) and its batch-transfer hooks (the copy to the device);
+* wait: between one batch end and the next batch start: the end hooks' logging, the loader's
+  ``next()`` and the copy to the device (with a second validation loader, its iterator's start;
+  the batch hooks then get its ``dataloader_idx``, and ``batches`` counts every loader's);
+* forward: batch start to batch end: ``validation_step`` (forward, loss, metric update), with the
+  batch hooks of the callbacks after the timer (start) and before it (end);
+* epoch end: from the last batch end to ``on_validation_end``: ``on_validation_epoch_end`` (metric
+  compute and sync), Lightning's epoch-end logging, and the ``on_validation_end`` hooks of callbacks
+  listed before the timer.
+
+No synchronisation is added on CUDA: device work the forwards queued is paid wherever the host next
+waits for the device (a metric update's read-back in a later forward, or the epoch end's compute), so
+on a GPU ``forward_s`` can read low and ``wait_s`` or ``epoch_end_s`` high for the forwards' kernels.
 """
 
 from __future__ import annotations
@@ -34,6 +62,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 
 from drivebench.perf.clock import CKPT, FETCHED, GPU_PREPROCESS, H2D, LOADER_NEXT, RecordsSteps, StepClock
@@ -62,6 +91,24 @@ class StepRecord:
     device_h2d_s: float | None = None
     profiled: bool = False  # under torch.profiler (bench.profile): its overhead keeps it out of the statistics
     elements: int = 0  # tensor elements in the batch: the work of a variable-size batch (agents, map elements)
+
+
+@dataclass
+class ValidationRecord:
+    """One validation during fit, in seconds of host time (the split: this module's docstring).
+
+    ``first_wait_s + wait_s + forward_s + epoch_end_s == wall_s``; ``lead_in_s`` is outside ``wall_s``.
+    """
+
+    index: int
+    step: int  # trainer.global_step it ran at (the steps trained before it)
+    wall_s: float = 0.0
+    batches: int = 0
+    lead_in_s: float = 0.0
+    first_wait_s: float = 0.0
+    wait_s: float = 0.0
+    forward_s: float = 0.0
+    epoch_end_s: float = 0.0
 
 
 @dataclass
@@ -118,12 +165,16 @@ class StepTimer(pl.Callback):
         self.monitor = monitor
         self.profiled_steps = profiled_steps
         self.times = PhaseTimes(phase)
+        self.validations: list[ValidationRecord] = []  # one per validation during fit, sanity check excluded
         self.clock = StepClock()  # handed to the trainer's recorders in setup(), read per step
         self._use_cuda = False
         self._loader_timed = False
         self._t_prev_end = 0.0
         self._t_batch_start = 0.0
         self._t_val_start: float | None = None
+        self._t_step_end = 0.0  # the last step's end: where a validation's lead-in starts
+        self._val: ValidationRecord | None = None  # the validation in flight
+        self._t_val_mark = 0.0  # its last hook boundary
         self._step_events: torch.cuda.Event | None = None
         self._pending: list[tuple[StepRecord, torch.cuda.Event, torch.cuda.Event, tuple | None, Any]] = []
         self._n_steps = 0
@@ -149,6 +200,7 @@ class StepTimer(pl.Callback):
         now = time.perf_counter()
         self.times.started = now
         self._t_prev_end = now
+        self._t_step_end = now
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._use_cuda:
@@ -157,17 +209,49 @@ class StepTimer(pl.Callback):
         self.times.ended = time.perf_counter()
         self.clock.enabled = False
 
+    # ---- validation during fit -----------------------------------------------------------------
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
-        self._t_val_start = time.perf_counter()
+        now = time.perf_counter()
+        ckpt = self.clock.durations.get(CKPT, 0.0)  # a save since the step end: the next step's, not the lead-in's
+        self._t_val_start = self._t_val_mark = now
+        self._val = ValidationRecord(index=len(self.validations), step=trainer.global_step,
+                                     lead_in_s=max(now - self._t_step_end - ckpt, 0.0))
         self.clock.enabled = False  # validation batches' copies and transforms are no step's
 
+    def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                                  batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self._val is None:
+            return
+        now = time.perf_counter()
+        if self._val.batches == 0:
+            self._val.first_wait_s = now - self._t_val_mark
+        else:
+            self._val.wait_s += now - self._t_val_mark
+        self._t_val_mark = now
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self._val is None:
+            return
+        now = time.perf_counter()
+        self._val.forward_s += now - self._t_val_mark
+        self._val.batches += 1
+        self._t_val_mark = now
+
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._t_val_start is not None:
-            self._t_prev_end += time.perf_counter() - self._t_val_start
-            self._t_val_start = None
-            self.clock.enabled = True
+        if self._t_val_start is None or self._val is None:
+            return
+        now = time.perf_counter()
+        record, self._val = self._val, None
+        record.epoch_end_s = now - self._t_val_mark
+        record.wall_s = now - self._t_val_start
+        self.validations.append(record)
+        self._t_prev_end += record.wall_s
+        self._t_val_start = None
+        self.clock.enabled = True
+        self._log_validation(trainer, record)
 
     # ---- per step ----------------------------------------------------------------------------
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
@@ -220,7 +304,7 @@ class StepTimer(pl.Callback):
             self._harvest(block=False)
         elif loss_host is not None:
             record.loss = float(loss_host)
-        self._t_prev_end = t_end
+        self._t_prev_end = self._t_step_end = t_end
         if record.step % self.log_every_n_steps == 0:
             self._log(trainer, record)
 
@@ -268,6 +352,22 @@ class StepTimer(pl.Callback):
             metrics[f"{p}/cpu_workers_pct"] = sample.cpu_workers_pct
         if torch.cuda.is_available() and self._use_cuda:
             metrics[f"{p}/gpu_mem_allocated_gb"] = torch.cuda.memory_allocated() / 2**30
+        trainer.logger.log_metrics(metrics, step=trainer.global_step)
+
+    @rank_zero_only
+    def _log_validation(self, trainer: pl.Trainer, record: ValidationRecord) -> None:
+        """One point per validation, at the step it ran at (``fit/perf/val_*`` under the phase logger)."""
+        if trainer.logger is None:
+            return
+        p = TAG_GROUP
+        metrics = {
+            f"{p}/val_wall_s": record.wall_s,
+            f"{p}/val_lead_in_s": record.lead_in_s,
+            f"{p}/val_first_wait_s": record.first_wait_s,
+            f"{p}/val_wait_s": record.wait_s,
+            f"{p}/val_forward_s": record.forward_s,
+            f"{p}/val_epoch_end_s": record.epoch_end_s,
+        }
         trainer.logger.log_metrics(metrics, step=trainer.global_step)
 
 

@@ -6,11 +6,12 @@ import json
 import math
 import re
 import os
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from drivebench.perf.callback import PhaseTimes, StepRecord
+from drivebench.perf.callback import PhaseTimes, StepRecord, ValidationRecord
 from drivebench.perf.compile_cache import compile_cache_state, graphs_from_cache
 from drivebench.perf.stats import describe
 from drivebench.perf.system import SystemMonitor
@@ -76,6 +77,31 @@ def phase_stats(times: PhaseTimes, monitor: SystemMonitor | None = None) -> dict
             "load_1m": describe(s.load_1m for s in window if s.load_1m is not None),
         }
     return out
+
+
+def validation_stats(records: Sequence[ValidationRecord]) -> dict[str, Any]:
+    """Where the validations during fit spent their time (``train.validation``; docs/summary.md).
+
+    The first run is reported on its own (``first_s``) and left out of the distributions when later
+    ones exist: it pays one-off costs (workers forked for the first time, lazy compiles in eval mode)
+    that would otherwise widen every spread.
+    """
+    if not records:
+        return {"runs": 0}
+    steady = list(records[1:]) or list(records)
+    return {
+        "runs": len(records),
+        "steps": [r.step for r in records],
+        "total_s": sum(r.wall_s for r in records),
+        "first_s": records[0].wall_s,
+        "batches": statistics.median_low(r.batches for r in records),  # a count that ran
+        "wall_s": describe(r.wall_s for r in steady),
+        "lead_in_s": describe(r.lead_in_s for r in steady),
+        "first_wait_s": describe(r.first_wait_s for r in steady),
+        "wait_s": describe(r.wait_s for r in steady),
+        "forward_s": describe(r.forward_s for r in steady),
+        "epoch_end_s": describe(r.epoch_end_s for r in steady),
+    }
 
 
 def loss_summary(records: Sequence[StepRecord]) -> dict[str, Any]:
@@ -159,6 +185,22 @@ def _profile_rows(profile: dict[str, Any] | None) -> list[tuple[str, str]]:
     return rows
 
 
+def _validation_rows(validation: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The validations during fit: how long, and which part of them (``train.validation``)."""
+    if not (validation or {}).get("runs"):
+        return []
+    median = {k: (validation.get(k) or {}).get("median") for k in
+              ("wall_s", "forward_s", "first_wait_s", "wait_s", "epoch_end_s", "lead_in_s")}
+    runs, total = validation["runs"], _fmt(validation.get("total_s"), " s")
+    head = f"{runs} run{'s' if runs > 1 else ''} of {_fmt(validation.get('batches'))} batches, " + (
+        f"{total} in all; first {_fmt(validation.get('first_s'), ' s')}, then median {_fmt(median['wall_s'], ' s')}"
+        if runs > 1 else total)
+    split = (f"forward {_fmt(median['forward_s'], ' s')}, first batch {_fmt(median['first_wait_s'], ' s')}, "
+             f"later waits {_fmt(median['wait_s'], ' s')}, epoch end {_fmt(median['epoch_end_s'], ' s')} "
+             f"(+ lead-in {_fmt(median['lead_in_s'], ' s')})")
+    return [("validation during fit", head), ("  validation split (median)", split)]
+
+
 def render_table(summary: dict[str, Any]) -> str:
     """A short plain-text table of what the run measured (printed at the end of every run)."""
     rows: list[tuple[str, str]] = []
@@ -198,6 +240,7 @@ def render_table(summary: dict[str, Any]) -> str:
         gpu_util = (train.get("system") or {}).get("gpu_util_pct")
         if gpu_util:
             rows.append(("GPU busy, median (NVML)", _fmt(gpu_util["median"], "%")))
+    rows += _validation_rows(train.get("validation"))
     ceiling = summary.get("ceiling") or {}
     if ceiling.get("steps_measured"):
         rows.append(("ceiling throughput", f"{_fmt(ceiling['samples_per_s'])} samples/s"))
