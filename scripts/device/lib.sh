@@ -32,7 +32,7 @@ run() {
   ${PIN:+taskset -c $PIN} timeout -k "${KILL_GRACE:-5}" "$cap" python3 -m drivebench "$@" hydra.run.dir="$RUNS/$name" > "$RUNS/$name.log" 2>&1
   local rc=$?
   log "rc=$rc in $(( $(date +%s) - t0 ))s"
-  grep -E "^(throughput|step time|data wait|device busy|GPU util|ceiling|efficiency|peak|compiling|train loss|val (loss|minADE|minFDE|cv_minFDE|cv_minADE|MR|mAP|mIoU|iou) )" "$RUNS/$name.log" | tee -a "$OUT/log.txt"
+  grep -E "^(throughput|step time|data wait|device busy|GPU util|ceiling|efficiency|peak|compiling|train loss|validation|  validation split|val (loss|minADE|minFDE|cv_minFDE|cv_minADE|MR|mAP|mIoU|iou) )" "$RUNS/$name.log" | tee -a "$OUT/log.txt"
   if (( rc != 0 )); then grep -E "Error|error|Traceback" "$RUNS/$name.log" | tail -6 | tee -a "$OUT/log.txt"; tail -c 4000 "$RUNS/$name.log" | tr '\r' '\n' | grep -v "train step:" | tail -3 >> "$OUT/log.txt"; fi
   bundle
 }
