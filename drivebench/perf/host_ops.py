@@ -1,0 +1,132 @@
+"""Which modules issue a step's host ops: the operator count of one training step, by module.
+
+A step the profiler calls launch-bound (the GPU idle while the main process sits at 100% of a core) costs
+host time per operator: each one goes through Python, the dispatcher and a kernel launch. The profiler's
+trace says how many ran, not which part of the model issued them, and without that the fix (a compile
+unit around that part, or fewer, larger ops in it) has no address. This callback counts the operators one
+training step dispatches (below autograd, as the kernels run: ``t`` + ``addmm`` for a linear layer), each
+charged to the innermost module whose forward was running, and the backward pass and the optimizer step to
+their own rows. Ops inside a compiled unit reach the dispatcher as one graph call per unit on the GPU; on
+the CPU or with ``accel.compile`` off they are counted one by one, which is what to compare.
+
+Enable with ``+callbacks.host_ops._target_=drivebench.perf.host_ops.HostOpCounter`` (its arguments as
+``+callbacks.host_ops.<name>=...``); the table is logged and written to ``<run dir>/host_ops.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.hooks import RemovableHandle
+
+log = logging.getLogger(__name__)
+
+BACKWARD, OPTIMIZER, OUTSIDE = "(backward)", "(optimizer)", "(outside any module)"
+FILE_NAME = "host_ops.json"
+
+
+class _OpTally(TorchDispatchMode):
+    """Counts every dispatched operator under the label the counter's module stack gives it."""
+
+    def __init__(self, label: Any) -> None:
+        super().__init__()
+        self.label = label
+        self.by_label: Counter[str] = Counter()
+        self.by_op: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.by_label[self.label()] += 1
+        self.by_op[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class HostOpCounter(pl.Callback):
+    """Count the operators of training step ``step`` (0-based, past any warm-up) by module.
+
+    Args:
+        step: the training step counted (a later step than the first: no lazy set-up in it).
+        depth: module paths are cut to this many dotted parts (``det_head.layers.3``: depth 3).
+        top: rows logged (the json keeps them all).
+    """
+
+    def __init__(self, step: int = 3, depth: int = 2, top: int = 25) -> None:
+        if step < 0 or depth < 1 or top < 1:
+            raise ValueError(f"host_ops: step >= 0, depth >= 1 and top >= 1, got {step}, {depth}, {top}")
+        self.step, self.depth, self.top = step, depth, top
+        self.result: dict[str, Any] | None = None
+        self._stack: list[str] = []
+        self._phase: str | None = None
+        self._tally: _OpTally | None = None
+        self._hooks: list[RemovableHandle] = []
+
+    def _label(self) -> str:
+        if self._phase is not None:
+            return self._phase
+        return self._stack[-1] if self._stack else OUTSIDE
+
+    def _watch(self, net: nn.Module) -> None:
+        for name, module in net.named_modules():
+            path = ".".join(name.split(".")[: self.depth]) or "(model)"
+
+            def enter(_m: nn.Module, _args: Any, path: str = path) -> None:
+                self._stack.append(path)
+
+            def leave(_m: nn.Module, _args: Any, _out: Any) -> None:
+                if self._stack:
+                    self._stack.pop()
+
+            self._hooks += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if trainer.global_step != self.step or self._tally is not None or self.result is not None:
+            return
+        self._watch(getattr(pl_module, "net", pl_module))
+        self._tally = _OpTally(self._label)
+        self._tally.__enter__()
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        self._phase = BACKWARD if self._tally is not None else None
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        self._phase = OPTIMIZER if self._tally is not None else None
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self._tally is None:
+            return
+        tally, self._tally = self._tally, None
+        tally.__exit__(None, None, None)
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self._stack, self._phase = [], [], None
+        self.result = summarise(tally.by_label, tally.by_op, self.step)
+        if trainer.is_global_zero:
+            out = Path(trainer.default_root_dir) / FILE_NAME
+            out.write_text(json.dumps(self.result, indent=2) + "\n")
+            log.info("host ops of step %d (%s):\n%s", self.step, out, render(self.result, self.top))
+
+
+def summarise(by_label: Counter[str], by_op: Counter[str], step: int) -> dict[str, Any]:
+    """The counts as a json-able dict, largest first."""
+    return {"step": step, "total": sum(by_label.values()),
+            "by_module": dict(by_label.most_common()), "by_op": dict(by_op.most_common())}
+
+
+def render(result: dict[str, Any], top: int) -> str:
+    """A plain table: the largest modules and operators with their share of the step's ops."""
+    total = max(result["total"], 1)
+    lines = [f"{result['total']} ops in step {result['step']}"]
+    for title, key in (("module", "by_module"), ("operator", "by_op")):
+        lines.append(f"  by {title}:")
+        lines += [f"    {count:>7}  {100 * count / total:5.1f}%  {name}"
+                  for name, count in list(result[key].items())[:top]]
+    return "\n".join(lines)
