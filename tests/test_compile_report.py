@@ -210,3 +210,35 @@ def test_shape_profile_makes_a_later_process_compile_the_varying_dimension_dynam
     assert graphs("drivebench-test", "4,6") == 2
     assert graphs("drivebench-test", "5,7") == 1
     assert graphs("drivebench-other", "5,7") == 2
+
+
+def test_the_end_of_run_validation_runs_as_the_fits_do_under_no_grad(tmp_path):
+    """Lightning's fit validates under ``no_grad``; a Trainer's own ``validate`` under inference mode, whose
+    tensors fail the compiled units' guards: SparseDrive's end-of-run validation compiled five graphs again
+    (a CPU fit at the test size). The bench's end-of-run validation runs as the fit's do."""
+    from types import SimpleNamespace
+
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from drivebench.bench.runners import TrainBench
+
+    class _Watch(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(4, 1)
+            self.modes: list[tuple[bool, bool]] = []
+
+        def validation_step(self, batch, batch_idx):
+            self.modes.append((torch.is_inference_mode_enabled(), torch.is_grad_enabled()))
+            self.log("val/loss", self.net(batch[0]).sum())
+
+    class _Data(pl.LightningDataModule):
+        def val_dataloader(self):
+            return DataLoader(TensorDataset(torch.randn(6, 4)), batch_size=2)
+
+    module = _Watch()
+    run = SimpleNamespace(trainer_kwargs=lambda: {"accelerator": "cpu", "devices": 1, "default_root_dir": str(tmp_path)},
+                          job=None, module=module, datamodule=_Data())
+    metrics = TrainBench(val_batches=2)._validate(run, None, trained_step=5)
+    assert "loss" in metrics and module.modes == [(False, False), (False, False)]

@@ -121,3 +121,32 @@ def test_stage_one_validation_scores_detection_tracking_and_map(tmp_path) -> Non
     for key in ("val/det/NDS", "val/det/mAP", "val/track/AMOTA", "val/track/AMOTP", "val/map/mAP"):
         assert key in metrics, f"{key} missing from {sorted(metrics)}"
     assert not any(k.startswith(("val/plan/", "val/motion/")) for k in metrics)  # no motion head in stage 1
+
+
+class _AnchorWatcher(pl.Callback):
+    """Records whether each deformable aggregation's anchors require grad, in training and in validation."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, set[bool]] = {"train": set(), "val": set()}
+
+    def setup(self, trainer, module, stage) -> None:
+        for name, part in module.net.named_modules():
+            if name.endswith(".dfa.0") or name.endswith(".dfa.1"):
+                part.register_forward_pre_hook(
+                    lambda _m, args: self.seen["train" if trainer.training else "val"].add(args[1].requires_grad))
+
+
+def test_validation_hands_every_aggregation_anchors_of_one_kind(tmp_path) -> None:
+    """In a fit's validation (``no_grad``) at batch 1 the bank's first anchors are a view of its parameter that
+    still requires grad (``expand(1).contiguous()`` is that view) and the refined ones do not, so each compiled
+    ``dfa`` unit compiled a validation graph for both (a CPU fit at the test size: five validation graphs, three
+    since the head detaches them); training keeps its anchors' gradients."""
+    module = _module()
+    train = DataLoader(make_sequence(3, batch_size=2), batch_size=None, shuffle=False)
+    val = DataLoader(make_sequence(3, batch_size=1), batch_size=None, shuffle=False)  # one slot per sequence
+    watcher = _AnchorWatcher()
+    trainer = pl.Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=3, num_sanity_val_steps=0,
+                         accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path, callbacks=[watcher])
+    trainer.fit(module, train, val)
+    assert watcher.seen == {"train": {True}, "val": {False}}

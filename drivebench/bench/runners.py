@@ -444,10 +444,12 @@ class TrainBench:
         }
 
     def _validate(self, run: Run, logger: Any, trained_step: int) -> dict[str, float]:
-        """The end-of-run validation, logged at the step of the weights it scores."""
+        """The end-of-run validation, logged at the step of the weights it scores. Under ``no_grad`` as the fit's
+        validations run (Lightning's fit loop turns inference mode off): inference tensors would fail the
+        compiled units' guards and compile each of them again (SparseDrive: five graphs)."""
         trainer = pl.Trainer(**run.trainer_kwargs(), logger=phase_logger(logger, VALIDATE, trained_step),
                              limit_val_batches=self.val_batches, callbacks=[RaiseLostStop()],
-                             enable_checkpointing=False, enable_progress_bar=False)
+                             enable_checkpointing=False, enable_progress_bar=False, inference_mode=False)
         if run.job is not None:
             run.job.track(trainer)
         results = trainer.validate(run.module, datamodule=run.datamodule, verbose=False)
