@@ -98,6 +98,21 @@ def test_convergence_table_final_metric_over_seeds_time_to_target_and_the_same_c
     assert math.isnan(table.loc["fast_but_worse", "wall_s_vs_none"])
     assert math.isnan(table.loc["fast_but_worse", "wall_s_vs_none_min"])
     assert shown.loc["fast_but_worse", "time to target, none / this [over pairs of runs]"] == ""
+    assert shown.loc["max", "of which validating"] == "-"  # summaries from before train.validation
+
+
+def test_convergence_table_says_how_much_of_the_pace_is_validating():
+    runs, scalars = _runs([("n1", "none", 2023, [9.0, 7.0, 5.8], 90.0), ("m1", "max", 2023, [9.1, 7.1, 5.7], 30.0),
+                           ("m2", "max", 2024, [9.2, 6.9, 5.6], 31.0)])
+    runs["validation_first_s"] = [20.0, 15.0, 17.0]
+    runs["validation_s_median"] = [14.0, 6.0, 7.0]
+    target = with_recorded_targets([], runs)[0]
+    table = convergence_table(analyse(runs, scalars, [target]), scalars, target).set_index("setting")
+    assert table.loc["max", "validation_first_s_median"] == pytest.approx(16.0)
+    assert table.loc["max", "validation_s_median"] == pytest.approx(6.5)
+    shown = convergence_display(table.reset_index()).set_index("setting")
+    assert shown.loc["none", "of which validating"] == "first 20 s, then 14 s each"
+    assert shown.loc["max", "of which validating"] == "first 16 s, then 6.5 s each"
 
 
 def test_convergence_table_says_how_much_of_the_time_to_target_was_compiling_and_from_which_cache():

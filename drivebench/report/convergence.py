@@ -278,6 +278,10 @@ def gap_at_equal_steps(curves: pd.Series, base_curves: pd.Series, target: Target
     return float(gap), spread, len(steps)
 
 
+def _column_median(part: pd.DataFrame, column: str) -> float:
+    return float(part[column].median()) if column in part and part[column].notna().any() else math.nan
+
+
 def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) -> pd.DataFrame:
     """One row per (machine, model, size, data, setting): final metric over seeds and time to target."""
     rows = convergence_rows(runs, scalars, target)
@@ -288,6 +292,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
                "compile_cache",
                "not_reached_by_s", "wall_s_vs_none", "wall_s_vs_none_min", "wall_s_vs_none_max", "wall_s_vs_none_bound",
                "first_validation_s_median", "between_validations_s_median", "between_validations_vs_none",
+               "validation_first_s_median", "validation_s_median",
                "validations_for_aim", "same_as_none", "none_finals", "none_runs", "behind_none_at_equal_steps",
                "none_spread_at_equal_steps", "equal_steps"]
     if rows.empty:
@@ -331,6 +336,10 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             # the pace: to the first validation (the one-time start in it), then between validations
             "first_validation_s_median": float(part["first_validation_s"].median()),
             "between_validations_s_median": float(part["between_validations_s"].median()),
+            # how much of that pace is validating: the first validation, then each later one (summaries since
+            # 2026-12-07; NaN for older runs)
+            "validation_first_s_median": _column_median(part, "validation_first_s"),
+            "validation_s_median": _column_median(part, "validation_s_median"),
             "curves": list(part["curve"]),  # for the gap at equal steps against this group's none runs
         })
     table = pd.DataFrame(out)

@@ -204,6 +204,9 @@ def summary_row(summary: dict[str, Any], run: RunDir) -> dict[str, Any]:
         "loop_overhead_fraction": num(train.get("loop_overhead_fraction")),
         "h2d_s_median": num(dig(train, "h2d_s", "median")),
         "compute_s_median": num(dig(train, "compute_s", "median")),
+        # validation during fit (train.validation): the first one, then the median of the later ones
+        "validation_first_s": num(dig(train, "validation", "first_s")),
+        "validation_s_median": num(dig(train, "validation", "wall_s", "median")),
         # means add up (medians do not): the step-time breakdown plot stacks these
         "step_s_mean": num(dig(train, "step_s", "mean")),
         "data_wait_s_mean": num(dig(train, "data_wait_s", "mean")),

@@ -206,6 +206,11 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
                else f"under {SOONER_AIM:g}x on any longer schedule")
         return f"{first}, then every {between} ({ratio}; {aim})"
 
+    def validating(r: pd.Series) -> str:
+        first = fmt(r.get("validation_first_s_median", math.nan), unit=" s")
+        each = fmt(r.get("validation_s_median", math.nan), unit=" s")
+        return f"first {first}, then {each} each" if first and each else first or "-"
+
     def same_as_none(r: pd.Series) -> str:
         """This machine's verdict, and where other machines add finals, the verdict over all of them."""
         verdict = str(r["same_as_none"])
@@ -246,6 +251,7 @@ def convergence_display(table: pd.DataFrame) -> pd.DataFrame:
         "of which compiling": [compiling(r) for _, r in table.iterrows()],
         "time to target, none / this [over pairs of runs]": [vs_none(r) for _, r in table.iterrows()],
         "first validation, then between validations (none / this)": [pace(r) for _, r in table.iterrows()],
+        "of which validating": [validating(r) for _, r in table.iterrows()],
         "final within the seed spread of none": [same_as_none(r) for _, r in table.iterrows()],
         "metric at equal steps, this vs none (mean over validations)": [at_equal_steps(r) for _, r in table.iterrows()],
     }).reset_index(drop=True)
