@@ -359,16 +359,9 @@ class StepTimer(pl.Callback):
         """One point per validation, at the step it ran at (``fit/perf/val_*`` under the phase logger)."""
         if trainer.logger is None:
             return
-        p = TAG_GROUP
-        metrics = {
-            f"{p}/val_wall_s": record.wall_s,
-            f"{p}/val_lead_in_s": record.lead_in_s,
-            f"{p}/val_first_wait_s": record.first_wait_s,
-            f"{p}/val_wait_s": record.wait_s,
-            f"{p}/val_forward_s": record.forward_s,
-            f"{p}/val_epoch_end_s": record.epoch_end_s,
-        }
-        trainer.logger.log_metrics(metrics, step=trainer.global_step)
+        parts = ("wall_s", "lead_in_s", "first_wait_s", "wait_s", "forward_s", "epoch_end_s")
+        trainer.logger.log_metrics({f"{TAG_GROUP}/val_{part}": getattr(record, part) for part in parts},
+                                   step=trainer.global_step)
 
 
 def _recorders(trainer: pl.Trainer) -> list[RecordsSteps]:
