@@ -97,7 +97,7 @@ BAD_VALUES = [
     # a net argument the model's constructor refuses (run on the meta device before any work)
     ("model.net.compile_scope=all", "model.net.compile_scope='all' is not valid", "layers_gru"),
     ("model=sparsedrive model.net.aggregation=nosuch", "model.net.aggregation='nosuch' is not valid", "grid_sample"),
-    ("model=sparsedrive model.net.compile_scope=all", "model.net.compile_scope='all' is not valid", "encoder, aggregation, heads"),
+    ("model=sparsedrive model.net.compile_scope=all", "model.net.compile_scope='all' is not valid", "encoder, aggregation, anchors, heads"),
     # choices
     ("machine.accelerator=tpu", "machine.accelerator='tpu' is not valid", "auto, gpu, cpu"),
     ("model.size=nosuch", "model.size='nosuch' is not a size of model 'qcnet'", "paper, test"),

@@ -137,7 +137,8 @@ def test_denoising_queries_train_without_disturbing_the_learned_queries() -> Non
 
 def test_compile_scope_selects_the_units_accel_compiles() -> None:
     """``encoder`` (the code's default) compiles the backbone + FPN; ``aggregation`` (the config's) adds each
-    detection and map layer's deformable aggregation; ``heads`` adds every head's dense parts by module path (the
+    detection and map layer's deformable aggregation; ``anchors`` the detection and map anchor encoders to that;
+    ``heads`` adds every head's dense parts by module path (the
     first detection layer has no self attention, the first layers no temporal one); stage 1 has no motion units;
     any other value is refused in one line that names the key and the choices."""
     assert set(_test_model().compile_units()) == {"encoder"}
@@ -159,7 +160,10 @@ def test_compile_scope_selects_the_units_accel_compiles() -> None:
     assert set(aggregation) == {"encoder"} | {f"{head}.dfa.{i}" for head in ("det_head", "map_head") for i in (0, 1)}
     aggregation_modules = dict(aggregation_net.named_modules())
     assert all(aggregation[name] is aggregation_modules[name] for name in aggregation)
-    with pytest.raises(ValueError, match=r"^compile_scope='all' is not valid; choose one of: encoder, aggregation, heads$"):
+    anchors = _test_model(compile_scope="anchors").compile_units()
+    assert set(anchors) == set(aggregation) | {"det_head.anchor_encoder", "map_head.anchor_encoder"}
+    with pytest.raises(ValueError,
+                       match=r"^compile_scope='all' is not valid; choose one of: encoder, aggregation, anchors, heads$"):
         _test_model(compile_scope="all")
 
 

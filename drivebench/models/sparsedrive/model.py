@@ -32,7 +32,7 @@ from drivebench.models.sparsedrive.sparse_head import HeadOutput, build_detectio
 DETECTION_CLASSES = ("car", "truck", "construction_vehicle", "bus", "trailer", "barrier", "motorcycle", "bicycle",
                      "pedestrian", "traffic_cone")
 MAP_CLASSES = ("divider", "ped_crossing", "boundary")
-COMPILE_SCOPES = ("encoder", "aggregation", "heads")
+COMPILE_SCOPES = ("encoder", "aggregation", "anchors", "heads")
 
 
 @dataclass
@@ -51,7 +51,8 @@ class SparseDrive(nn.Module):
     ``.npy`` k-means files as upstream's ``data/kmeans``; built-in defaults otherwise, which
     ``set_anchors`` replaces (the LightningModule's k-means of the training infos, ``kmeans.py``).
     ``aggregation``: how the deformable aggregation samples (grid_sample | chunked | compiled | auto).
-    ``compile_scope``: what ``accel.compile`` compiles (``encoder`` | ``aggregation`` | ``heads``; ``compile_units``).
+    ``compile_scope``: what ``accel.compile`` compiles (``encoder`` | ``aggregation`` | ``anchors`` | ``heads``;
+    ``compile_units``).
     ``activation_checkpointing``: recompute the ResNet's residual blocks in backward (upstream
     ``with_cp=True``). ``image_size``: the (H, W) the model is fed (metadata for accel's checkpointing).
 
@@ -266,6 +267,10 @@ class SparseDrive(nn.Module):
         compiles (``max`` on GPUs) and ``grid_sample`` where it does not. Why: under bf16 ``grid_sample`` keeps
         a float32 copy of each sampled level; on an H100 the compiled aggregation stepped 0.576 s against
         0.648 s, 19.6 against 36.6 GiB (b59).
+        ``anchors``: also the detection and map heads' anchor encoders (``det_head.anchor_encoder``): the largest
+        eager part left under ``aggregation`` (the detection encoder, four small MLPs called seven times a
+        forward, dispatches 1,050 of a validation forward's 6,100 operators at ``small``); a training and a
+        validation graph more per head, so a measured choice.
         ``heads``: every head's dense parts (``*.compile_units``: anchor encoders, attention, aggregation, FFN,
         refinement), a unit per module; the data-dependent bookkeeping (instance bank, queue, denoising
         queries, matching) stays eager, so no unit breaks its graph. A varying query count (denoising, off in
@@ -283,7 +288,8 @@ class SparseDrive(nn.Module):
             if head is None:
                 continue
             for name, module in head.compile_units().items():
-                if self.compile_scope == "heads" or name.startswith("dfa."):
+                if (self.compile_scope == "heads" or name.startswith("dfa.")
+                        or (self.compile_scope == "anchors" and name == "anchor_encoder")):
                     units[f"{prefix}.{name}"] = module
         return units
 
