@@ -6,8 +6,9 @@ trace says how many ran, not which part of the model issued them, and without th
 unit around that part, or fewer, larger ops in it) has no address. This callback counts the operators one
 training step dispatches (below autograd, as the kernels run: ``t`` + ``addmm`` for a linear layer), each
 charged to the innermost module whose forward was running, and the backward pass and the optimizer step to
-their own rows. Ops inside a compiled unit reach the dispatcher as one graph call per unit on the GPU; on
-the CPU or with ``accel.compile`` off they are counted one by one, which is what to compare.
+their own rows. The counted step runs every compiled unit eagerly (``torch.compiler.set_stance("force_eager")``:
+under the counting mode Dynamo would compile each unit again), so the counts are the eager model's: what a
+compile unit around a part would take off the host is that part's row.
 
 Enable with ``+callbacks.host_ops._target_=drivebench.perf.host_ops.HostOpCounter`` (its arguments as
 ``+callbacks.host_ops.<name>=...``); the table is logged and written to ``<run dir>/host_ops.json``.
@@ -65,6 +66,7 @@ class HostOpCounter(pl.Callback):
         self._stack: list[str] = []
         self._phase: str | None = None
         self._tally: _OpTally | None = None
+        self._eager: Any = None  # the force_eager stance held over the counted step
         self._hooks: list[RemovableHandle] = []
 
     def _label(self) -> str:
@@ -90,6 +92,8 @@ class HostOpCounter(pl.Callback):
         if trainer.global_step != self.step or self._tally is not None or self.result is not None:
             return
         self._watch(getattr(pl_module, "net", pl_module))
+        self._eager = torch.compiler.set_stance("force_eager")
+        self._eager.__enter__()
         self._tally = _OpTally(self._label)
         self._tally.__enter__()
 
@@ -105,6 +109,8 @@ class HostOpCounter(pl.Callback):
             return
         tally, self._tally = self._tally, None
         tally.__exit__(None, None, None)
+        self._eager.__exit__(None, None, None)
+        self._eager = None
         for hook in self._hooks:
             hook.remove()
         self._hooks, self._stack, self._phase = [], [], None
