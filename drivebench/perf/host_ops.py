@@ -4,14 +4,16 @@ A step the profiler calls launch-bound (the GPU idle while the main process sits
 host time per operator: each one goes through Python, the dispatcher and a kernel launch. The profiler's
 trace says how many ran, not which part of the model issued them, and without that the fix (a compile
 unit around that part, or fewer, larger ops in it) has no address. This callback counts the operators one
-training step dispatches (below autograd, as the kernels run: ``t`` + ``addmm`` for a linear layer), each
+training step dispatches, and those of the first validation batch after it (a validation of many small
+batches can be host-bound where training is not) (below autograd, as the kernels run: ``t`` + ``addmm`` for a linear layer), each
 charged to the innermost module whose forward was running, and the backward pass and the optimizer step to
 their own rows. The counted step runs every compiled unit eagerly (``torch.compiler.set_stance("force_eager")``:
 under the counting mode Dynamo would compile each unit again), so the counts are the eager model's: what a
 compile unit around a part would take off the host is that part's row.
 
 Enable with ``+callbacks.host_ops._target_=drivebench.perf.host_ops.HostOpCounter`` (its arguments as
-``+callbacks.host_ops.<name>=...``); the table is logged and written to ``<run dir>/host_ops.json``.
+``+callbacks.host_ops.<name>=...``); the tables are logged and written to ``<run dir>/host_ops.json``
+(``train`` and, where the fit validated after the counted step, ``validation``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from torch.utils.hooks import RemovableHandle
 log = logging.getLogger(__name__)
 
 BACKWARD, OPTIMIZER, OUTSIDE = "(backward)", "(optimizer)", "(outside any module)"
+TRAIN, VALIDATION = "train", "validation"
 FILE_NAME = "host_ops.json"
 
 
@@ -50,7 +53,8 @@ class _OpTally(TorchDispatchMode):
 
 
 class HostOpCounter(pl.Callback):
-    """Count the operators of training step ``step`` (0-based, past any warm-up) by module.
+    """Count the operators of training step ``step`` (0-based, past any warm-up) by module, and those of the
+    first batch of the fit's first validation after it (forward, losses and metric updates under ``no_grad``).
 
     Args:
         step: the training step counted (a later step than the first: no lazy set-up in it).
@@ -62,11 +66,12 @@ class HostOpCounter(pl.Callback):
         if step < 0 or depth < 1 or top < 1:
             raise ValueError(f"host_ops: step >= 0, depth >= 1 and top >= 1, got {step}, {depth}, {top}")
         self.step, self.depth, self.top = step, depth, top
-        self.result: dict[str, Any] | None = None
+        self.result: dict[str, Any] = {}  # "train" and "validation", as each is counted
         self._stack: list[str] = []
         self._phase: str | None = None
         self._tally: _OpTally | None = None
-        self._eager: Any = None  # the force_eager stance held over the counted step
+        self._counting: str | None = None  # TRAIN or VALIDATION while a batch is counted
+        self._eager: Any = None  # the force_eager stance held over the counted batch
         self._hooks: list[RemovableHandle] = []
 
     def _label(self) -> str:
@@ -87,15 +92,33 @@ class HostOpCounter(pl.Callback):
 
             self._hooks += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        if trainer.global_step != self.step or self._tally is not None or self.result is not None:
-            return
+    def _start(self, kind: str, pl_module: pl.LightningModule) -> None:
         self._watch(getattr(pl_module, "net", pl_module))
         self._eager = torch.compiler.set_stance("force_eager")
         self._eager.__enter__()
-        self._tally = _OpTally(self._label)
+        self._tally, self._counting = _OpTally(self._label), kind
         self._tally.__enter__()
+
+    def _stop(self, trainer: pl.Trainer) -> None:
+        tally, kind = self._tally, self._counting
+        self._tally = self._counting = None
+        tally.__exit__(None, None, None)
+        self._eager.__exit__(None, None, None)
+        self._eager = None
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self._stack, self._phase = [], [], None
+        self.result[kind] = summarise(tally.by_label, tally.by_op, self.step if kind == TRAIN else trainer.global_step)
+        if trainer.is_global_zero:
+            out = Path(trainer.default_root_dir) / FILE_NAME
+            out.write_text(json.dumps(self.result, indent=2) + "\n")
+            what = f"training step {self.step}" if kind == TRAIN else "a validation batch"
+            log.info("host ops of %s (%s):\n%s", what, out, render(self.result[kind], self.top))
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if trainer.global_step == self.step and self._tally is None and TRAIN not in self.result:
+            self._start(TRAIN, pl_module)
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
         self._phase = BACKWARD if self._tally is not None else None
@@ -105,20 +128,20 @@ class HostOpCounter(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if self._tally is None:
+        if self._counting == TRAIN:
+            self._stop(trainer)
+
+    def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                                  batch_idx: int, dataloader_idx: int = 0) -> None:
+        if (trainer.sanity_checking or trainer.global_step <= self.step or self._tally is not None
+                or VALIDATION in self.result):
             return
-        tally, self._tally = self._tally, None
-        tally.__exit__(None, None, None)
-        self._eager.__exit__(None, None, None)
-        self._eager = None
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks, self._stack, self._phase = [], [], None
-        self.result = summarise(tally.by_label, tally.by_op, self.step)
-        if trainer.is_global_zero:
-            out = Path(trainer.default_root_dir) / FILE_NAME
-            out.write_text(json.dumps(self.result, indent=2) + "\n")
-            log.info("host ops of step %d (%s):\n%s", self.step, out, render(self.result, self.top))
+        self._start(VALIDATION, pl_module)
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self._counting == VALIDATION:
+            self._stop(trainer)
 
 
 def summarise(by_label: Counter[str], by_op: Counter[str], step: int) -> dict[str, Any]:
@@ -130,7 +153,7 @@ def summarise(by_label: Counter[str], by_op: Counter[str], step: int) -> dict[st
 def render(result: dict[str, Any], top: int) -> str:
     """A plain table: the largest modules and operators with their share of the step's ops."""
     total = max(result["total"], 1)
-    lines = [f"{result['total']} ops in step {result['step']}"]
+    lines = [f"{result['total']} ops at step {result['step']}"]
     for title, key in (("module", "by_module"), ("operator", "by_op")):
         lines.append(f"  by {title}:")
         lines += [f"    {count:>7}  {100 * count / total:5.1f}%  {name}"
