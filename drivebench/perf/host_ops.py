@@ -1,13 +1,13 @@
-"""Which modules issue a step's host ops: the operator count of one training step, by module.
+"""Which modules issue a step's host ops: the operator count of one training step (and a validation batch), by module.
 
 A step the profiler calls launch-bound (the GPU idle while the main process sits at 100% of a core) costs
 host time per operator: each one goes through Python, the dispatcher and a kernel launch. The profiler's
 trace says how many ran, not which part of the model issued them, and without that the fix (a compile
 unit around that part, or fewer, larger ops in it) has no address. This callback counts the operators one
-training step dispatches, and those of the first validation batch after it (a validation of many small
-batches can be host-bound where training is not) (below autograd, as the kernels run: ``t`` + ``addmm`` for a linear layer), each
+training step dispatches (below autograd, as the kernels run: ``t`` + ``addmm`` for a linear layer), each
 charged to the innermost module whose forward was running, and the backward pass and the optimizer step to
-their own rows. The counted step runs every compiled unit eagerly (``torch.compiler.set_stance("force_eager")``:
+their own rows; then likewise the first validation batch after it (a validation of many small batches can
+be host-bound where training is not). The counted batches run every compiled unit eagerly (``torch.compiler.set_stance("force_eager")``:
 under the counting mode Dynamo would compile each unit again), so the counts are the eager model's: what a
 compile unit around a part would take off the host is that part's row.
 
