@@ -1,4 +1,4 @@
-"""Which modules issue a step's host ops: the operator count of one training step (and a validation batch), by module.
+"""Which modules issue a step's host ops: one training step's (and a validation batch's) operators, by module.
 
 A step the profiler calls launch-bound (the GPU idle while the main process sits at 100% of a core) costs
 host time per operator: each one goes through Python, the dispatcher and a kernel launch. The profiler's
@@ -7,9 +7,10 @@ unit around that part, or fewer, larger ops in it) has no address. This callback
 training step dispatches (below autograd, as the kernels run: ``t`` + ``addmm`` for a linear layer), each
 charged to the innermost module whose forward was running, and the backward pass and the optimizer step to
 their own rows; then likewise the first validation batch after it (a validation of many small batches can
-be host-bound where training is not). The counted batches run every compiled unit eagerly (``torch.compiler.set_stance("force_eager")``:
-under the counting mode Dynamo would compile each unit again), so the counts are the eager model's: what a
-compile unit around a part would take off the host is that part's row.
+be host-bound where training is not). The counted batches run every compiled unit eagerly
+(``torch.compiler.set_stance("force_eager")``: under the counting mode Dynamo would compile each unit again),
+so the counts are the eager model's: what a compile unit around a part would take off the host is that
+part's row.
 
 Enable with ``+callbacks.host_ops._target_=drivebench.perf.host_ops.HostOpCounter`` (its arguments as
 ``+callbacks.host_ops.<name>=...``); the tables are logged and written to ``<run dir>/host_ops.json``
