@@ -92,10 +92,11 @@ class InstanceBank(nn.Module):
 
     def get(self, batch_size: int, ctx: TemporalContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Fresh (B, Q, C) features and (B, Q, D) anchors, plus the cached instances moved into this frame."""
-        # contiguous, not a stride-0 view: a compiled unit (the dfa units of compile_scope=aggregation) guards on
-        # strides, and the first layer's stride-0 anchors against later layers' cost a second graph per unit
-        feature = self.instance_feature[None].expand(batch_size, -1, -1).contiguous()
-        anchor = self.anchor[None].expand(batch_size, -1, -1).contiguous()
+        # copies, not views of the parameters: a compiled unit (the dfa units of compile_scope=aggregation) guards on
+        # strides (a stride-0 view cost a second graph per unit) and on requires_grad (at batch 1 ``contiguous()``
+        # keeps the view, which under no_grad still requires grad where the refined anchors do not)
+        feature = self.instance_feature[None].expand(batch_size, -1, -1).clone(memory_format=torch.contiguous_format)
+        anchor = self.anchor[None].expand(batch_size, -1, -1).clone(memory_format=torch.contiguous_format)
         state = self.state
         if state is None or not ctx.has_history or state.feature.shape[0] != batch_size:
             self.state = None

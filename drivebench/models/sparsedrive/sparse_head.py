@@ -135,10 +135,6 @@ class SparseInstanceHead(nn.Module):
         """``dn``: noisy ground-truth queries appended after the learned ones (training only)."""
         b = feature_maps[0].shape[0]
         feature, anchor, temp_feature, temp_anchor = self.bank.get(b, ctx)
-        if not torch.is_grad_enabled():
-            # in validation at batch 1 (one slot per sequence) the bank's fresh anchors are a view of its parameter
-            # that still requires grad, the refined ones do not: detached, each compiled dfa unit sees one kind
-            anchor = anchor.detach()
         n_query = feature.shape[1]
         self_mask = None
         if dn is not None:
