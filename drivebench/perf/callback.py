@@ -171,7 +171,6 @@ class StepTimer(pl.Callback):
         self._loader_timed = False
         self._t_prev_end = 0.0
         self._t_batch_start = 0.0
-        self._t_val_start: float | None = None
         self._t_step_end = 0.0  # the last step's end: where a validation's lead-in starts
         self._val: ValidationRecord | None = None  # the validation in flight
         self._t_val_mark = 0.0  # its last hook boundary
@@ -215,7 +214,7 @@ class StepTimer(pl.Callback):
             return
         now = time.perf_counter()
         ckpt = self.clock.durations.get(CKPT, 0.0)  # a save since the step end: the next step's, not the lead-in's
-        self._t_val_start = self._t_val_mark = now
+        self._t_val_mark = now
         self._val = ValidationRecord(index=len(self.validations), step=trainer.global_step,
                                      lead_in_s=max(now - self._t_step_end - ckpt, 0.0))
         self.clock.enabled = False  # validation batches' copies and transforms are no step's
@@ -241,15 +240,13 @@ class StepTimer(pl.Callback):
         self._t_val_mark = now
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._t_val_start is None or self._val is None:
+        if self._val is None:
             return
-        now = time.perf_counter()
         record, self._val = self._val, None
-        record.epoch_end_s = now - self._t_val_mark
-        record.wall_s = now - self._t_val_start
+        record.epoch_end_s = time.perf_counter() - self._t_val_mark
+        record.wall_s = record.first_wait_s + record.wait_s + record.forward_s + record.epoch_end_s
         self.validations.append(record)
         self._t_prev_end += record.wall_s
-        self._t_val_start = None
         self.clock.enabled = True
         self._log_validation(trainer, record)
 
