@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,6 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.hooks import RemovableHandle
 
 log = logging.getLogger(__name__)
 
@@ -68,47 +68,41 @@ class HostOpCounter(pl.Callback):
             raise ValueError(f"host_ops: step >= 0, depth >= 1 and top >= 1, got {step}, {depth}, {top}")
         self.step, self.depth, self.top = step, depth, top
         self.result: dict[str, Any] = {}  # "train" and "validation", as each is counted
-        self._stack: list[str] = []
+        self._modules: list[str] = []  # the paths of the forwards running, innermost last
         self._phase: str | None = None
         self._tally: _OpTally | None = None
         self._counting: str | None = None  # TRAIN or VALIDATION while a batch is counted
-        self._eager: Any = None  # the force_eager stance held over the counted batch
-        self._hooks: list[RemovableHandle] = []
+        self._held = ExitStack()  # over a counted batch: the module hooks, the force_eager stance, the tally
 
     def _label(self) -> str:
         if self._phase is not None:
             return self._phase
-        return self._stack[-1] if self._stack else OUTSIDE
+        return self._modules[-1] if self._modules else OUTSIDE
 
     def _watch(self, net: nn.Module) -> None:
         for name, module in net.named_modules():
             path = ".".join(name.split(".")[: self.depth]) or "(model)"
 
             def enter(_m: nn.Module, _args: Any, path: str = path) -> None:
-                self._stack.append(path)
+                self._modules.append(path)
 
             def leave(_m: nn.Module, _args: Any, _out: Any) -> None:
-                if self._stack:
-                    self._stack.pop()
+                if self._modules:
+                    self._modules.pop()
 
-            self._hooks += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+            self._held.callback(module.register_forward_pre_hook(enter).remove)
+            self._held.callback(module.register_forward_hook(leave).remove)
 
     def _start(self, kind: str, pl_module: pl.LightningModule) -> None:
         self._watch(getattr(pl_module, "net", pl_module))
-        self._eager = torch.compiler.set_stance("force_eager")
-        self._eager.__enter__()
-        self._tally, self._counting = _OpTally(self._label), kind
-        self._tally.__enter__()
+        self._held.enter_context(torch.compiler.set_stance("force_eager"))
+        self._tally, self._counting = self._held.enter_context(_OpTally(self._label)), kind
 
     def _stop(self, trainer: pl.Trainer) -> None:
         tally, kind = self._tally, self._counting
-        self._tally = self._counting = None
-        tally.__exit__(None, None, None)
-        self._eager.__exit__(None, None, None)
-        self._eager = None
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks, self._stack, self._phase = [], [], None
+        self._held.close()
+        self._tally = self._counting = self._phase = None
+        self._modules = []
         self.result[kind] = summarise(tally.by_label, tally.by_op, self.step if kind == TRAIN else trainer.global_step)
         if trainer.is_global_zero:
             out = Path(trainer.default_root_dir) / FILE_NAME
