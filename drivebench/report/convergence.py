@@ -279,7 +279,8 @@ def gap_at_equal_steps(curves: pd.Series, base_curves: pd.Series, target: Target
 
 
 def _column_median(part: pd.DataFrame, column: str) -> float:
-    return float(part[column].median()) if column in part and part[column].notna().any() else math.nan
+    """The median of a per-run column the runs may not carry (older summaries, tests' tables): NaN then."""
+    return float(part[column].median()) if column in part else math.nan
 
 
 def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target) -> pd.DataFrame:
@@ -331,7 +332,7 @@ def convergence_table(runs: pd.DataFrame, scalars: pd.DataFrame, target: Target)
             # the longest a run that did not meet it trained for: "not met in the first N s"
             "not_reached_by_s": float(unreached_s.max()) if len(unreached_s) else math.nan,
             # the one-time cost inside those seconds (a cold compile decides a short schedule)
-            "compile_s_median": float(part["compile_s"].median()) if "compile_s" in part else math.nan,
+            "compile_s_median": _column_median(part, "compile_s"),
             "compile_cache": (" / ".join(sorted(set(part["compile_cache"].dropna()))) or None) if "compile_cache" in part else None,
             # the pace: to the first validation (the one-time start in it), then between validations
             "first_validation_s_median": float(part["first_validation_s"].median()),
