@@ -68,7 +68,7 @@ conv_none() { run "$1_conv_none_s2023" 560 +experiment=convergence model="$1" ${
 # (b47's j: GaussianFormer's cold seed 2023 reached its first validation at 163 s, so two epochs with their
 # validations need more than 270 s: SEEDS=2023 CAP=330 LIMIT=360 for one seed a call, then WARM=1 SEEDS=2024 on the
 # machine kept warm, on the cache the first call filled)
-SDM="val/map/mAP val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg" GFM="val/miou_present val/miou"
+GFM="val/miou_present val/miou"  # (SparseDrive's SDM: lib.sh)
 # GaussianFormer's 2-epoch schedule learns at 5x upstream's lr: at test size on the CPU, lr 1e-3 gave miou_present
 # 9.96 / 15.7 after epochs 1 / 2 (seed 2023; 7.66 / 13.3 seed 2024), upstream's 2e-4 0.0 / 0.02
 # (results/cpu2core-2026-12-05-crop-view)

@@ -15,7 +15,6 @@
 export LIMIT=${LIMIT:-565}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 SD="model=sparsedrive $TRAIN_ONLY accel=max bench.steps=${STEPS:-60}"
-SDM="val/map/mAP val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg"
 case "$PART" in
   s) cold sd60
      run sd_max_aggregation 230 $SD

@@ -118,6 +118,7 @@ conv_max() {
 # what parts share: QCNet's convergence experiment and its metrics, a bounded run that only trains
 QCNET_CONV="+experiment=convergence model=qcnet"
 QCNET_METRICS="val/minFDE val/cv_minFDE"
+SDM="val/map/mAP val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg"  # SparseDrive's convergence metrics (bench39, bench60)
 TRAIN_ONLY="ckpt=none bench.ceiling=false bench.val_batches=0"
 # qcnet_warm TAG "SEEDS" OVERRIDES...: QCNet convergence max on a warm cache: a training-only max run fills an empty
 # cache (as b37's a3 did; TF32 and the other settings are in Inductor's key, so OVERRIDES go to both), then one
