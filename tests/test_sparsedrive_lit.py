@@ -140,7 +140,7 @@ def test_validation_hands_every_aggregation_anchors_of_one_kind(tmp_path) -> Non
     """In a fit's validation (``no_grad``) at batch 1 the bank's first anchors are a view of its parameter that
     still requires grad (``expand(1).contiguous()`` is that view) and the refined ones do not, so each compiled
     ``dfa`` unit compiled a validation graph for both (a CPU fit at the test size: five validation graphs, three
-    since the head detaches them); training keeps its anchors' gradients."""
+    since the bank hands out copies); training keeps its anchors' gradients."""
     module = _module()
     train = DataLoader(make_sequence(3, batch_size=2), batch_size=None, shuffle=False)
     val = DataLoader(make_sequence(3, batch_size=1), batch_size=None, shuffle=False)  # one slot per sequence
