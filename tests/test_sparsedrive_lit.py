@@ -137,8 +137,8 @@ class _AnchorWatcher(pl.Callback):
 
 
 def test_validation_hands_every_aggregation_anchors_of_one_kind(tmp_path) -> None:
-    """In a fit's validation (``no_grad``) at batch 1 the bank's first anchors are a view of its parameter that
-    still requires grad (``expand(1).contiguous()`` is that view) and the refined ones do not, so each compiled
+    """In a fit's validation (``no_grad``) at batch 1 the bank's first anchors were a view of its parameter that
+    still requires grad (``expand(1).contiguous()`` kept the view) and the refined ones do not, so each compiled
     ``dfa`` unit compiled a validation graph for both (a CPU fit at the test size: five validation graphs, three
     since the bank hands out copies); training keeps its anchors' gradients."""
     module = _module()
