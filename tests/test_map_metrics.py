@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from drivebench.models.common.map_metrics import (
+    CHAMFER_THRESHOLDS,
     ChamferMapAP,
     average_precision,
     chamfer_score_matrix,
@@ -123,3 +124,26 @@ def test_accumulates_over_samples_and_resets():
     assert res["AP_divider@0.5"] == pytest.approx(0.5)  # 2 of 4 dividers over the two samples
     metric.reset()
     assert metric.compute()["mAP"] == 0.0
+
+
+def test_scoring_only_pairs_within_the_largest_threshold_keeps_every_flag():
+    # the metric scores pairs farther than 1.5 m as non-overlapping without building their buffers: on
+    # zigzags, near copies, crossing and collinear elements the flags at every threshold are the full matrix's
+    rng = np.random.default_rng(7)
+    k = 100
+    gt = np.stack([resample(GT[i], k) for i in range(len(GT))] + [resample(line(0.0, 0.0, 0.1, 0.0), k)])
+    dashes = [resample(line(x, 0.0, x + 0.1, 0.0), k) for x in (0.3, 1.0, 2.5)]  # flat caps apart, chamfer < 1.5
+    near = [gt[i] + rng.normal(0, s, 2) + rng.normal(0, s / 3, (k, 2)) for i in range(len(gt)) for s in (0.2, 0.6, 1.2)]
+    zigzags = [resample(rng.uniform(-20, 20, (20, 2)), k) for _ in range(30)]
+    pred = np.stack(dashes + near + zigzags)
+    full = chamfer_score_matrix(pred, gt)
+    pruned = chamfer_score_matrix(pred, gt, within=1.5)
+    assert (pruned == -100.0).sum() > (full == -100.0).sum()  # it did leave far pairs out
+    confidences = rng.random(len(pred))
+    for threshold in CHAMFER_THRESHOLDS:
+        full_flags = tp_fp_greedy(full, confidences, threshold)
+        assert full_flags[0].sum() > 0
+        for got, want in zip(tp_fp_greedy(pruned, confidences, threshold), full_flags):
+            np.testing.assert_array_equal(got, want)
+    close = full >= -1.5
+    np.testing.assert_array_equal(pruned[close], full[close])  # every pair that can match keeps its score
