@@ -11,7 +11,8 @@
 #   c  convergence `max` seed SEED (default 2023) as configured on an emptied cache (b48's cold seed met the map
 #      target at 151 s), its recompiles logged (TORCH_LOGS=recompiles), its validation split in the summary; then
 #      `bash scripts/device/bench39.sh h` with WARM=1 SEEDS="2024 2025" for the median (b47's `none`, 225 s, is the
-#      reference on an H100; `SEED=2024 bash scripts/device/bench39.sh g` adds a second `none` seed)
+#      reference on an H100, validated on the map metric before e84ab2d, which cut its host time: untrained ~100 ->
+#      7 ms a sample on the CPU; `SEED=2024 bash scripts/device/bench39.sh g` adds a `none` seed on the current one)
 export LIMIT=${LIMIT:-565}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 SD="model=sparsedrive $TRAIN_ONLY accel=max bench.steps=${STEPS:-60}"
