@@ -12,6 +12,12 @@ milliseconds per sample of each way and their ratio, and checks that the flags a
 
     python scripts/bench_map_metric.py                # 20 samples of each kind, 3 rounds
     python scripts/bench_map_metric.py --samples 50 --rounds 5
+
+``--model`` times a real model's whole validation metric update instead: the model untrained (its initial
+weights) on the embedded bench set's validation split, each batch updated with both scorers in turn:
+
+    python scripts/bench_map_metric.py --model maptr --size nano
+    python scripts/bench_map_metric.py --model sparsedrive --size small --batches 4   # ~17 s a CPU forward
 """
 
 from __future__ import annotations
@@ -77,11 +83,57 @@ def update(sample: tuple, scorer) -> np.ndarray:
     return metric.concatenated("tp")
 
 
+def model_updates(model: str, size: str, batches: int | None) -> None:
+    """A real model's ``update_metrics`` per validation batch with each scorer; per-validation totals."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from drivebench.app import build_run
+    from drivebench.compose import compose
+
+    overrides = [f"model={model}", f"model.size={size}", "data.size=bench", "accel=none"]
+    if model == "sparsedrive":
+        overrides.append("model.module.anchors=default")  # no k-means: an untrained model either way
+    with tempfile.TemporaryDirectory() as out:
+        run = build_run(compose(overrides), Path(out), progress=False)
+        data, module = run.datamodule, run.module
+        data.prepare_data()
+        data.setup("validate")
+        module.eval()
+        times: dict[str, list[float]] = {"upstream": [], "within 1.5 m": []}
+        samples = 0
+        with torch.no_grad():
+            for i, batch in enumerate(data.val_dataloader()):
+                if batches is not None and i >= batches:
+                    break
+                outputs = module(batch)
+                samples += module.batch_size(batch)
+                for way, scorer in (("upstream", upstream_order), ("within 1.5 m", CURRENT)):
+                    map_metrics.chamfer_score_matrix = scorer
+                    try:
+                        start = time.perf_counter()
+                        module.update_metrics(batch, outputs)
+                        times[way].append(time.perf_counter() - start)
+                    finally:
+                        map_metrics.chamfer_score_matrix = CURRENT
+    for way, values in times.items():
+        print(f"{model} {size} {way:12s} {1000 * statistics.median(values):7.1f} ms a batch (median of "
+              f"{len(values)}), {sum(values):.2f} s over {samples} samples")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=20, help="samples of each kind per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (each times both ways on the same samples)")
+    parser.add_argument("--model", choices=("maptr", "sparsedrive"), help="a real model's metric updates instead")
+    parser.add_argument("--size", default="nano", help="with --model: model.size")
+    parser.add_argument("--batches", type=int, help="with --model: validation batches (default: the whole split)")
     args = parser.parse_args()
+    if args.model:
+        model_updates(args.model, args.size, args.batches)
+        return
     ways = {"upstream": upstream_order, "within 1.5 m": CURRENT}
     for kind in ("zigzag", "near", "far"):
         rng = np.random.default_rng(0)
