@@ -147,3 +147,12 @@ def test_scoring_only_pairs_within_the_largest_threshold_keeps_every_flag():
             np.testing.assert_array_equal(got, want)
     close = full >= -1.5
     np.testing.assert_array_equal(pruned[close], full[close])  # every pair that can match keeps its score
+
+
+def test_a_zero_length_element_on_a_line_has_no_buffer_to_touch():
+    # a prediction collapsed to one point that lies on a ground-truth line: the lines intersect, but its flat-capped
+    # buffer is empty, so upstream's pre-filter leaves the pair unscored
+    gt = resample(line(-5.0, 0.0, 5.0, 0.0), 100)[None]
+    point = np.repeat(np.array([[[1.0, 0.0]]]), 100, axis=1)
+    assert chamfer_score_matrix(point, gt)[0, 0] == -100.0
+    assert chamfer_score_matrix(point, gt, within=1.5)[0, 0] == -100.0

@@ -61,9 +61,11 @@ def chamfer_score_matrix(pred: np.ndarray, gt: np.ndarray, buffer_width: float =
     pred_i, gt_i, chamfer = pred_i[close], gt_i[close], chamfer[close]
     if len(pred_i) == 0:
         return scores
-    # upstream's pre-filter: the elements' flat-capped buffers must intersect. Elements that cross do (each lies
-    # in its own buffer); buffers are built only for the elements of the close pairs that do not cross
-    touch = shapely.intersects(shapely.linestrings(pred[pred_i]), shapely.linestrings(gt[gt_i]))
+    # upstream's pre-filter: the elements' flat-capped buffers must intersect. Elements of some length that cross
+    # do (each lies in its own buffer; a zero-length element's buffer is empty); buffers are built only for the
+    # elements of the close pairs not settled so
+    touch = (shapely.intersects(shapely.linestrings(pred[pred_i]), shapely.linestrings(gt[gt_i]))
+             & _has_length(pred)[pred_i] & _has_length(gt)[gt_i])
     open_i = np.flatnonzero(~touch)
     if len(open_i):
         pred_used, pred_at = np.unique(pred_i[open_i], return_inverse=True)
@@ -74,6 +76,11 @@ def chamfer_score_matrix(pred: np.ndarray, gt: np.ndarray, buffer_width: float =
         touch[open_i] = shapely.intersects(pred_buf[pred_at], gt_buf[gt_at])
     scores[pred_i[touch], gt_i[touch]] = -chamfer[touch]
     return scores
+
+
+def _has_length(elements: np.ndarray) -> np.ndarray:
+    """(n,) whether each element (n, K, 2) has a point apart from its first."""
+    return (elements != elements[:, :1]).any(axis=(1, 2))
 
 
 def _chamfer_lower_bound(pred: np.ndarray, gt: np.ndarray) -> np.ndarray:
