@@ -84,7 +84,8 @@ def update(sample: tuple, scorer) -> np.ndarray:
 
 
 def model_updates(model: str, size: str, batches: int | None) -> None:
-    """A real model's ``update_metrics`` per validation batch with each scorer; per-validation totals."""
+    """A real model's ``update_metrics`` per validation batch with each scorer; per-validation totals (each batch
+    enters the metric states twice: only the times are read)."""
     import tempfile
     from pathlib import Path
 
