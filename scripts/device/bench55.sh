@@ -10,7 +10,9 @@
 #   n  accel=none seed 2024 alone, checkpointed every epoch outside the run folder (~60 s an epoch on an H200 alone,
 #      b45: ~15 minutes in all), so run n in two or three calls on the machine kept warm: each continues the last
 #      (resume=auto); the report on the CPU over every call's runs.tgz joins the processes on one clock
-#   f  a training-only `max` run fills an empty Inductor cache, then `max` seed 2024 (~5 minutes warm on an H200)
+#   f  a training-only `max` run fills an empty Inductor cache, a one-epoch run the shape profile's graphs (~60 s;
+#      without it the first seed compiles ~3x longer, b52), then `max` seed 2024 (~5 minutes warm on an H200; cut by
+#      LIMIT: part s runs it again on f's cache)
 #   s  more `max` seeds on f's cache (SEEDS, default 2025; CAP per seed, default 330)
 # Budget on an H200: n ~900 s, f ~500 s, one more seed ~300 s: one session with no failed start. Report, on the CPU:
 #   python -m drivebench.report <the calls' runs, extracted> --out <dir>

@@ -121,12 +121,16 @@ QCNET_METRICS="val/minFDE val/cv_minFDE"
 SDM="val/map/mAP val/det/mAP val/plan/L2_avg val/plan/cv_L2_avg"  # SparseDrive's convergence metrics (bench39, bench60)
 TRAIN_ONLY="ckpt=none bench.ceiling=false bench.val_batches=0"
 # qcnet_warm TAG "SEEDS" OVERRIDES...: QCNet convergence max on a warm cache: a training-only max run fills an empty
-# cache (as b37's a3 did; TF32 and the other settings are in Inductor's key, so OVERRIDES go to both), then one
-# convergence run per seed on it (bench39 c: TF32 off; t: as configured, on an H100; bench50: fp32)
+# cache (as b37's a3 did; TF32 and the other settings are in Inductor's key, so OVERRIDES go to all), a one-epoch
+# run fills the shape profile's graphs (2026-12-07), then one convergence run per seed on it (bench39 c: TF32 off; t: as configured, on an H100; bench50: fp32)
 qcnet_warm() {
   local tag=$1 seeds=$2; shift 2
   # FILL_CAP: a cold QCNet compile fits 240 s on an H200 (b37) but not on an H100 (b50: cut, so the seeds compiled)
   cold "qcnet$tag"; run "qcnet_fill$tag" "${FILL_CAP:-240}" model=qcnet $TRAIN_ONLY accel=max bench.steps=30 "$@"
+  # the run after a cold one compiles the shape profile's graphs (b52: the first seed after one fill compiled 39 s,
+  # the next 12.4-12.8 s; results/cpu2core-2026-12-07-sparsedrive-cache): one epoch under the profile, validation
+  # included, fills them before the timed seeds
+  run "qcnet_fill2$tag" "${FILL2_CAP:-100}" $QCNET_CONV accel=max seed=2023 "$@" trainer.max_epochs=1
   qcnet_seeds "$tag" "$seeds" "${CAP:-160}" "$@"
 }
 # qcnet_seeds TAG "SEEDS" CAP OVERRIDES...: one QCNet convergence max run per seed on the cache in use
