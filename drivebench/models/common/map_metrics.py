@@ -64,15 +64,15 @@ def chamfer_score_matrix(pred: np.ndarray, gt: np.ndarray, buffer_width: float =
     # upstream's pre-filter: the elements' flat-capped buffers must intersect. Elements of some length that cross
     # do (each lies in its own buffer; a zero-length element's buffer is empty); buffers are built only for the
     # elements of the close pairs not settled so
-    touch = (shapely.intersects(shapely.linestrings(pred[pred_i]), shapely.linestrings(gt[gt_i]))
-             & _has_length(pred)[pred_i] & _has_length(gt)[gt_i])
+    pred_lines, gt_lines = shapely.linestrings(pred), shapely.linestrings(gt)
+    touch = (shapely.intersects(pred_lines[pred_i], gt_lines[gt_i]) & _has_length(pred)[pred_i]
+             & _has_length(gt)[gt_i])
     open_i = np.flatnonzero(~touch)
     if len(open_i):
         pred_used, pred_at = np.unique(pred_i[open_i], return_inverse=True)
         gt_used, gt_at = np.unique(gt_i[open_i], return_inverse=True)
-        pred_buf = shapely.buffer(shapely.linestrings(pred[pred_used]), buffer_width, cap_style="flat",
-                                  join_style="mitre")
-        gt_buf = shapely.buffer(shapely.linestrings(gt[gt_used]), buffer_width, cap_style="flat", join_style="mitre")
+        pred_buf = shapely.buffer(pred_lines[pred_used], buffer_width, cap_style="flat", join_style="mitre")
+        gt_buf = shapely.buffer(gt_lines[gt_used], buffer_width, cap_style="flat", join_style="mitre")
         touch[open_i] = shapely.intersects(pred_buf[pred_at], gt_buf[gt_at])
     scores[pred_i[touch], gt_i[touch]] = -chamfer[touch]
     return scores
