@@ -276,3 +276,31 @@ def test_aggregation_units_compile_a_graph_per_head_not_per_layer() -> None:
     reasons = [reason for frame in recompile_report()["frames"] for reason in frame["reasons"]]
     assert not any("stride" in reason for reason in reasons), reasons
     assert int(counters["stats"]["unique_graphs"]) <= 3, reasons
+
+
+def test_compiled_head_graphs_hold_no_tensor_constants() -> None:
+    """Every head unit ``compile_scope=heads`` compiles (a superset of ``aggregation``'s), traced through
+    AOTAutograd over a training step, holds no tensor constant: a graph with one (a list index such as
+    ``anchor[..., [L, W, H]]`` becomes one) cannot be saved by the AOTAutograd cache on a GPU ("unable to serialize
+    compiled graph"), so every warm start traced that unit again (b61: the aggregation units, ~25 s of a 50-s warm
+    compile on an H100)."""
+    import torch._dynamo
+    from torch._dynamo.backends.common import aot_autograd
+
+    from drivebench.accel.compile import MULTI_UNIT_RECOMPILE_LIMIT
+
+    constants: list[str] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs):
+        constants.extend(str(node.target) for node in gm.graph.nodes
+                         if node.op == "get_attr" and isinstance(getattr(gm, str(node.target), None), torch.Tensor))
+        return gm.forward
+
+    net = _test_model(compile_scope="heads", aggregation="auto").train()
+    torch._dynamo.reset()
+    _compile_head_units(net, aot_autograd(fw_compiler=record, bw_compiler=record))
+    with torch._dynamo.config.patch(recompile_limit=MULTI_UNIT_RECOMPILE_LIMIT):
+        for batch in make_sequence(2, batch_size=2):
+            net.zero_grad()
+            net.criterion(batch, net(batch))["loss"].backward()
+    assert constants == []

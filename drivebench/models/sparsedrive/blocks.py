@@ -108,7 +108,9 @@ class BoxKeypoints(nn.Module):
         b, q = anchor.shape[:2]
         anchor = anchor.float()  # geometry in float32 even under autocast
         # box frame: x along the heading (length l), y across (width w), z up
-        size = anchor[..., None, [L, W, H]].exp()
+        # slices, not a list index: a list becomes a tensor constant in the compiled graph, which the AOTAutograd
+        # cache cannot save (b61: this unit re-traced on every warm start, ~25 s)
+        size = torch.stack((anchor[..., L], anchor[..., W], anchor[..., H]), dim=-1)[..., None, :].exp()
         pts = self.fix_scale * size
         if self.learnable_fc is not None:
             learned = self.learnable_fc(instance_feature).float().view(b, q, self.num_learnable, 3).sigmoid() - 0.5

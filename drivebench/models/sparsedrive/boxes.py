@@ -77,7 +77,7 @@ def project_box_anchors(anchor: torch.Tensor, prev2cur: torch.Tensor, dt: torch.
     if dt is not None:
         centre = centre + vel * dt.to(anchor.dtype)[:, None, None]
     centre = (rot @ centre[..., None]).squeeze(-1) + trans
-    cos_sin = (rot[..., :2, :2] @ anchor[..., [COS_YAW, SIN_YAW], None]).squeeze(-1)
+    cos_sin = (rot[..., :2, :2] @ torch.stack((anchor[..., COS_YAW], anchor[..., SIN_YAW]), dim=-1)[..., None]).squeeze(-1)
     vel_dims = vel.shape[-1]
     vel = (rot[..., :vel_dims, :vel_dims] @ vel[..., None]).squeeze(-1)
     return torch.cat([centre, anchor[..., W : H + 1], cos_sin[..., 1:2], cos_sin[..., 0:1], vel], dim=-1)
