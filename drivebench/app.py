@@ -63,6 +63,7 @@ class Run:
     p2p: dict[str, Any] = field(default_factory=dict)
     cuda_graphs: str = "off"  # on | off | off: <why auto turned them off>
     fused_optimizer: str = "off"  # on | off | off: <why it cannot run here> (settings.fused_optimizer)
+    shape_profile: str = "off"  # on | off | off: <why auto turned it off> (settings.shape_profile)
     activation_checkpointing: dict[str, Any] = field(default_factory=dict)  # accel's decision, for the summary
     threads: ThreadBudget | None = None  # accel.threads as applied in this process (settings.threads)
     job: DistJob | None = None
@@ -305,8 +306,9 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     if accel.channels_last:
         to_channels_last(net)
     accel.compile_cache = use_compile_cache(accel.compile_cache, cfg.paths.cache)  # before anything compiles
+    shape_profile = accel.settle_shape_profile(accel_cfg["compile_shape_profile"], net)
     profile = (shape_profile_key(OmegaConf.to_container(cfg.model, resolve=True), accel)
-               if accel.compile and accel.compile_shape_profile else None)  # only runs that use it resolve the model
+               if accel.compile_shape_profile and shape_profile == "on" else None)  # only runs that use it resolve the model
     compiled = apply_compile(net, accel, profile)
     device_transform = _device_transform(transform, net, accel)
     if device_transform is not None and getattr(device_transform, "compiles", False):
@@ -325,7 +327,7 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     module.run_config = redact(_plain_config(cfg))
     run = Run(cfg=cfg, machine=machine, accel=accel, output_dir=output_dir, datamodule=datamodule,
               module=module, compiled_units=compiled, p2p=p2p, activation_checkpointing=checkpointing,
-              threads=threads)
+              threads=threads, shape_profile=shape_profile)
     kwargs = run.trainer_kwargs()  # validates dist.devices / backend against this machine before any work
     devices = kwargs["devices"]
     world = (devices if isinstance(devices, int) else len(devices)) * int(kwargs["num_nodes"])

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -164,6 +165,32 @@ def test_fused_optimizer_gives_way_to_clipping_under_mixed_precision():
 
     fp32 = AccelSettings.resolve(preset("max", "accel.precision=32-true"), machine(1, 16))
     assert fp32.settle_fused_optimizer("auto", 35.0) == "on" and fp32.fused_optimizer
+
+
+def test_shape_profile_auto_stays_off_for_models_whose_compiled_shapes_do_not_depend_on_the_data():
+    """``compile_shape_profile=auto`` keeps Dynamo's shape profile for QCNet (bucketed graph sizes) and SparseDrive
+    with denoising queries, and turns it off for models whose compiled shapes are the same every step, where it
+    only cost the second run its cache (b61); an explicit true keeps it; a run that compiles nothing keeps none."""
+    from drivebench.models.registry import create_model
+
+    def settled(net: torch.nn.Module, *overrides: str, requested: object = "auto") -> tuple[str, bool]:
+        accel = AccelSettings.resolve(preset("max", *overrides), machine(1, 16))
+        assert accel.compile and accel.compile_shape_profile  # auto on a GPU
+        status = accel.settle_shape_profile(requested, net)
+        return status, accel.compile_shape_profile
+
+    qcnet = create_model("qcnet", size="test")
+    sparsedrive = create_model("sparsedrive", size="test")
+    denoising = create_model("sparsedrive", size="test", num_dn_groups=2)
+    maptr = create_model("maptr", size="test")
+    gaussianformer = create_model("gaussianformer", size="test")
+    assert settled(qcnet) == ("on", True) and settled(denoising) == ("on", True)
+    for net in (sparsedrive, maptr, gaussianformer):
+        status, kept = settled(net)
+        assert status.startswith("off: the model's compiled shapes do not depend on the data") and not kept, net
+    assert settled(sparsedrive, "accel.compile_shape_profile=true", requested=True) == ("on", True)
+    eager = AccelSettings.resolve(preset("max", "accel.compile=false"), machine(1, 16))
+    assert eager.settle_shape_profile("auto", qcnet) == "off"
 
 
 def test_lightning_still_refuses_to_clip_with_a_fused_optimizer_under_mixed_precision():

@@ -246,6 +246,25 @@ class AccelSettings:
         return (f"off: gradient clipping (trainer.gradient_clip_val={gradient_clip_val:g}) under {self.precision}, "
                 "which Lightning cannot do with a fused optimizer")
 
+    def settle_shape_profile(self, requested: Any, net: nn.Module) -> str:
+        """Keep the shape profile only where it can help; returns the summary status.
+
+        The profile makes a run compile dynamic from its first step the dimensions that varied in the last run,
+        so that batches arriving in another order (another seed) find the cache's graphs. A model whose compiled
+        shapes do not depend on the data (``net.compiled_shapes_vary_with_data`` False; models without the
+        attribute count as varying) has nothing to gain and loses its second run's cache: a dimension that
+        varies for a structural reason (SparseDrive's aggregation code sees 900 detection and 100 map anchors)
+        goes dynamic from the first step of the next run, whose graphs then differ from the first run's (b61,
+        one H100: the second run on a cache compiled for 228 s with 6 of 15 graphs from it, the third 50 s with
+        all). ``auto`` turns it off there; an explicit ``true`` keeps it."""
+        if not (self.compile and self.compile_shape_profile):
+            return "off"
+        if requested is True or getattr(net, "compiled_shapes_vary_with_data", True):
+            return "on"
+        self.compile_shape_profile = False
+        return ("off: the model's compiled shapes do not depend on the data, so the cache of one run serves "
+                "the next whatever its seed")
+
     def apply_activation_checkpointing(self, net: nn.Module, machine: MachineInfo, batch_size: int) -> dict[str, Any]:
         """Resolve ``activation_checkpointing`` for ``net`` and switch its backbones; returns the summary record.
 

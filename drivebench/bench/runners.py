@@ -553,6 +553,7 @@ class TrainBench:
                 **({"device_decode": DEVICE_DECODE} if run.accel.decodes_jpegs(self._decodes_on_device(run)) else {}),
                 "cuda_graphs": {"status": run.cuda_graphs},
                 "fused_optimizer": run.fused_optimizer,
+                "shape_profile": run.shape_profile,
                 "activation_checkpointing": run.activation_checkpointing,
                 "threads": run.threads.to_dict() if run.threads is not None else None,
                 "compiled_units": run.compiled_units or (

@@ -145,6 +145,10 @@ class GaussianFormer(nn.Module):
                 anchor_embed = self.anchor_encoder(anchor)
         return layers
 
+    #: the compiled units see one image size and a fixed number of Gaussians every step
+    #: (``accel.compile_shape_profile=auto`` keeps Dynamo's shape profile only where compiled shapes depend on the batch)
+    compiled_shapes_vary_with_data = False
+
     def compile_units(self) -> dict[str, nn.Module]:
         """What ``accel.compile`` compiles.
 

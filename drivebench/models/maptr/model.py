@@ -98,6 +98,10 @@ class MapTR(nn.Module):
         """Parameters of the image backbone (upstream trains them at 0.1x the learning rate)."""
         return list(self.image_encoder.backbone.parameters())
 
+    #: the compiled image encoder sees the same image size every step (``accel.compile_shape_profile=auto`` keeps
+    #: Dynamo's shape profile only for models whose compiled shapes depend on the batch)
+    compiled_shapes_vary_with_data = False
+
     def compile_units(self) -> dict[str, nn.Module]:
         """What ``accel.compile`` compiles: the image backbone + FPN (static shapes, most FLOPs).
         The BEV encoder and decoder stay eager (their matching runs on the host)."""

@@ -63,6 +63,10 @@ class QCNet(nn.Module):
         """Keyword arguments for the matching ``QCNetTransform``."""
         return asdict(self.graph_settings)
 
+    #: scenes differ in agents, polygons and edges: the compiled layers see other sizes from batch to batch
+    #: (bucketed under CUDA graphs), so ``accel.compile_shape_profile=auto`` keeps Dynamo's shape profile
+    compiled_shapes_vary_with_data = True
+
     def compile_units(self) -> dict[str, nn.Module]:
         """What ``accel.compile`` compiles.
 

@@ -257,6 +257,13 @@ class SparseDrive(nn.Module):
         """What the backbone sees per step: every camera image of the batch (sizes the checkpointing choice)."""
         return (batch_size * self.num_cams, 3, *self.image_size)
 
+    @property
+    def compiled_shapes_vary_with_data(self) -> bool:
+        """Whether a compiled unit's shapes depend on the batch (``accel.compile_shape_profile=auto`` keeps
+        Dynamo's shape profile only then): the denoising queries number with each batch's boxes; without them
+        the images, anchors and queries are the same every step."""
+        return self.denoiser is not None
+
     # ---- forward -----------------------------------------------------------------------------
     def compile_units(self) -> dict[str, nn.Module]:
         """What ``accel.compile`` compiles, by ``compile_scope`` (docs/accel.md):
