@@ -308,7 +308,7 @@ def build_run(cfg: DictConfig, output_dir: Path, progress: bool = True) -> Run:
     accel.compile_cache = use_compile_cache(accel.compile_cache, cfg.paths.cache)  # before anything compiles
     shape_profile = accel.settle_shape_profile(accel_cfg["compile_shape_profile"], net)
     profile = (shape_profile_key(OmegaConf.to_container(cfg.model, resolve=True), accel)
-               if accel.compile_shape_profile and shape_profile == "on" else None)  # only runs that use it resolve the model
+               if shape_profile == "on" else None)  # only runs that use it resolve the model
     compiled = apply_compile(net, accel, profile)
     device_transform = _device_transform(transform, net, accel)
     if device_transform is not None and getattr(device_transform, "compiles", False):
