@@ -13,8 +13,8 @@
 #      `bash scripts/device/bench39.sh h` with WARM=1 SEEDS="2024 2025" for the median (b47's `none`, 225 s, is the
 #      reference on an H100, validated on the map metric before e84ab2d, which cut its host time: untrained ~100 ->
 #      7 ms a sample on the CPU; `SEED=2024 bash scripts/device/bench39.sh g` adds a `none` seed on the current one)
-#   w  after c on the machine kept warm: a one-epoch convergence run on c's cache (b60: a second run compiles the
-#      shape profile's graphs again, 124 s), then warm seeds SEEDS (default "2024 2025", CAP 200 each)
+#   (part w, a fill run under the shape profile before warm seeds, was removed 2026-12-08: since 0db29c5 `auto` runs
+#   SparseDrive `small` without the profile, and one run warms the cache, b61 / cpu2core-2026-12-08-sparsedrive-no-profile)
 export LIMIT=${LIMIT:-565}; source scripts/device/lib.sh || exit 1
 one_gpu_part "$1"
 SD="model=sparsedrive $TRAIN_ONLY accel=max bench.steps=${STEPS:-60}"
@@ -26,12 +26,7 @@ case "$PART" in
      TORCH_LOGS=recompiles run "sparsedrive_conv_max_s${SEED:-2023}" "${CAP:-300}" +experiment=convergence \
        model=sparsedrive accel=max seed="${SEED:-2023}"
      curve "sparsedrive_conv_max_s${SEED:-2023}" $SDM ;;
-  w) reuse_cache sparsedrive-conv  # c's cache: the run after a cold one compiles its shape profile's graphs (CPU:
-     # results/cpu2core-2026-12-07-sparsedrive-cache), so one short run fills them before the timed warm seeds
-     run sparsedrive_conv_profile_fill 240 +experiment=convergence model=sparsedrive accel=max seed=2023 \
-       model.convergence.max_epochs=1
-     WARM=1 CAP=${CAP:-200} SEEDS=${SEEDS:-"2024 2025"} conv_max sparsedrive $SDM ;;
-  *) log "unknown part $PART (s, c, w)"; exit 2 ;;
+  *) log "unknown part $PART (s, c)"; exit 2 ;;
 esac
 report
 log "part $PART done in $(( $(date +%s) - START ))s"
